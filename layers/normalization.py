@@ -1,0 +1,99 @@
+"""Normalization layers: LayerNorm and BatchNormLayer."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from layers import checks
+from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
+from params.hyperparams import InstantiableParams
+
+
+def _constant(value: float) -> object:
+    return weight_init_params("constant", value)
+
+
+class LayerNorm(BaseLayer):
+    """Normalizes over the last dimension, then ``* scale + bias`` (scale starts at 1, bias at 0)."""
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define("input_dim", 0, "Size of the normalized last dimension.")
+        p.define("epsilon", 1e-6, "Added to the variance before the square root.")
+        return p
+
+    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
+        super().__init__(params, parent)
+        self._dim = checks.positive_int(self, "input_dim")
+        checks.in_range(self, "epsilon", 0.0, float("inf"), low_open=False, high_open=True)
+        self.create_variable("scale", weight_params([self._dim], init=_constant(1.0)))
+        self.create_variable("bias", weight_params([self._dim], init=_constant(0.0)))
+
+    def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
+        x = checks.float_input(self, x)
+        checks.last_dim(self, x, self._dim, "input_dim")
+        dtype = x.dtype
+        xs = tf.cast(x, checks.accumulation_dtype(dtype))
+        mean, variance = tf.nn.moments(xs, axes=[-1], keepdims=True)
+        normed = tf.cast((xs - mean) * tf.math.rsqrt(variance + self.params.epsilon), dtype)
+        return normed * self.vars["scale"] + self.vars["bias"]
+
+
+class BatchNormLayer(BaseLayer):
+    """Batch normalization over every dimension but the last.
+
+    Training normalizes by the batch's own mean and (biased) variance and records the update
+    ``("moments", [E[x], E[x^2]], weight=elements per channel)``. Recording the mean of squares rather
+    than the variance makes the weighted merge over micro-batches exact: the merged E[x^2] - E[x]^2 is
+    the full batch's variance even when the micro-batch means differ. ``apply_update`` then moves the
+    moving statistics: ``moving = decay * moving + (1 - decay) * batch``. Eval normalizes by the moving
+    statistics, which are non-trainable float32 (float64 for float64 layers) variables and so are
+    checkpointed.
+    """
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define("dim", 0, "Number of channels (size of the last dimension).")
+        p.define("decay", 0.999, "Decay of the moving mean and variance, in [0, 1).")
+        p.define("epsilon", 1e-3, "Added to the variance before the square root.")
+        return p
+
+    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
+        super().__init__(params, parent)
+        self._dim = checks.positive_int(self, "dim")
+        self._decay = checks.in_range(self, "decay", 0.0, 1.0, low_open=False, high_open=True)
+        checks.in_range(self, "epsilon", 0.0, float("inf"), low_open=False, high_open=True)
+        stats = checks.accumulation_dtype(self.params.dtype)
+        self.create_variable("gamma", weight_params([self._dim], init=_constant(1.0)))
+        self.create_variable("beta", weight_params([self._dim], init=_constant(0.0)))
+        for name, value in (("moving_mean", 0.0), ("moving_variance", 1.0)):
+            self.create_variable(name, weight_params([self._dim], _constant(value), stats, trainable=False))
+
+    def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
+        x = checks.float_input(self, x)
+        checks.last_dim(self, x, self._dim, "dim")
+        dtype = x.dtype
+        xs = tf.cast(x, self.vars["moving_mean"].dtype)
+        if ctx.training:
+            axes = list(range(x.shape.rank - 1))
+            mean, variance = tf.nn.moments(xs, axes=axes)
+            count = tf.reduce_prod(tf.shape(x)[:-1])
+            ctx.add_update(self, "moments", tf.stack([mean, variance + tf.square(mean)]), weight=count)
+        else:
+            mean, variance = self.vars["moving_mean"], self.vars["moving_variance"]
+        normed = tf.cast((xs - mean) * tf.math.rsqrt(variance + self.params.epsilon), dtype)
+        return normed * self.vars["gamma"] + self.vars["beta"]
+
+    def apply_update(self, name: str, value: tf.Tensor) -> None:
+        """Moves the moving statistics toward merged ``[E[x], E[x^2]]`` (the "moments" update)."""
+        if name != "moments":
+            super().apply_update(name, value)
+            return
+        moving_mean, moving_variance = self.vars["moving_mean"], self.vars["moving_variance"]
+        value = tf.cast(value, moving_mean.dtype)
+        mean = value[0]
+        variance = tf.maximum(value[1] - tf.square(mean), 0.0)
+        moving_mean.assign(self._decay * moving_mean + (1.0 - self._decay) * mean)
+        moving_variance.assign(self._decay * moving_variance + (1.0 - self._decay) * variance)

@@ -1,0 +1,138 @@
+"""The experiment contract, and its resolution into the single Params a run is made from.
+
+An experiment class (registered with ``@registry.register``) returns the task's Params from ``task()``
+and one input Params per data set from a public method named after it (``train()``, ``dev()``,
+``test()``, ...). Its top-level knobs (widths, depths, batch size) are constructor arguments, so gin can
+bind them. ``resolve()`` turns a model key and the user's overrides into frozen Params:
+
+    model : 'image.digits.ConvNet'
+    cluster.* : devices and threads
+    task.*    : the task (model, learner, eval and decode settings)
+    input.<dataset>.* : one input generator per data set
+
+Precedence, later wins: experiment defaults < gin (constructor knobs) < --params_file_override <
+--params_override.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from params import overrides, registry
+from params.errors import ConfigError
+from params.hyperparams import Params
+
+
+def cluster_params() -> Params:
+    """Process-level settings every job reads (devices and threading)."""
+    p = Params()
+    p.define(
+        "num_logical_cpu_devices",
+        0,
+        "Split the host CPU into this many logical devices (0: leave one CPU device). "
+        "A pipeline of K stages needs K devices.",
+    )
+    p.define("intra_op_threads", 0, "Threads one op may use (0: TensorFlow's default).")
+    p.define("inter_op_threads", 0, "Ops run at once (0: TensorFlow's default).")
+    return p
+
+
+class Experiment:
+    """Base class of registered experiments."""
+
+    def task(self) -> Params:
+        """The task's Params (an InstantiableParams of a BaseTask subclass)."""
+        raise NotImplementedError(f"{type(self).__name__} must define task()")
+
+    def cluster(self) -> Params:
+        """Devices and threads; override to, say, split the CPU for a pipeline."""
+        return cluster_params()
+
+    def task_overrides(self, dataset: str) -> dict:
+        """Per-data-set task overrides ``{dotted_key: value}``; stored as
+        ``input.<dataset>.task_overrides`` and applied to the task a job runs on that data set."""
+        del dataset
+        return {}
+
+    @classmethod
+    def dataset_names(cls) -> list[str]:
+        """Every public method taking no argument that Experiment itself does not define."""
+        names = []
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if name.startswith("_") or hasattr(Experiment, name):
+                continue
+            required = [
+                p
+                for p in list(inspect.signature(member).parameters.values())[1:]
+                if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            if not required:
+                names.append(name)
+        return sorted(names)
+
+    def dataset(self, name: str) -> Params:
+        """The input Params of data set ``name``."""
+        names = self.dataset_names()
+        if name not in names:
+            raise ConfigError(
+                f"{type(self).__name__} has no data set {name!r}; it has {', '.join(names) or 'none'}"
+            )
+        p = getattr(self, name)()
+        if not isinstance(p, Params):
+            raise ConfigError(f"{type(self).__name__}.{name}() must return Params, not {type(p).__name__}")
+        return p
+
+
+def build_params(experiment: Experiment, model_key: str) -> Params:
+    """The unresolved top-level Params of an experiment instance."""
+    root = Params()
+    root.define("model", model_key, "The registry key of the experiment.")
+    root.define("cluster", experiment.cluster(), "Devices and threads for every job.")
+    root.define("task", experiment.task(), "The task: model, learner, eval and decode settings.")
+    inputs = Params()
+    for name in experiment.dataset_names():
+        p = experiment.dataset(name)
+        if "task_overrides" not in p.names():
+            p.define(
+                "task_overrides",
+                experiment.task_overrides(name),
+                "Task settings {dotted_key: value} changed for jobs on this data set.",
+            )
+        inputs.define(name, p, f"Input of data set {name!r}.")
+    root.define("input", inputs, "One input generator per data set.")
+    return root
+
+
+def resolve(
+    model: str,
+    *,
+    gin_files: list[str] | tuple[str, ...] = (),
+    gin_bindings: list[str] | tuple[str, ...] = (),
+    params_file_override: str | None = None,
+    params_override: str | None = None,
+) -> Params:
+    """Model key + overrides -> the frozen Params of a run. Bad input raises ConfigError."""
+    cls = registry.get(model)
+    if not (isinstance(cls, type) and issubclass(cls, Experiment)):
+        raise ConfigError(f"{model!r} is not an Experiment subclass")
+    overrides.apply_gin(gin_files, gin_bindings)
+    try:
+        experiment = cls()
+    except TypeError as e:
+        raise ConfigError(f"cannot build experiment {model!r}: {e}") from None
+    root = build_params(experiment, model)
+    if params_file_override:
+        overrides.apply_params_file(root, params_file_override)
+    if params_override:
+        overrides.apply_params_text(root, params_override, source="--params_override")
+    return root.freeze()
+
+
+def task_params_for(root: Params, dataset: str) -> Params:
+    """The task Params a job on ``dataset`` runs: ``task`` with that data set's task_overrides."""
+    task = root.task.copy()
+    try:
+        task.set(**root.input.get(dataset).task_overrides)
+    except ConfigError as e:
+        raise ConfigError(f"input.{dataset}.task_overrides: {e}") from None
+    return task.freeze()

@@ -1,0 +1,389 @@
+"""Hierarchical Params: the one description of every model, task, input and job setting.
+
+Lingvo's concepts with PEP 8 names. A Params holds named values, each defined once with a default and
+a doc string; values may be nested Params or lists of Params (a key like ``body.layers[2].dim`` reaches
+into a list). ``to_text()`` writes Lingvo's format (sorted ``dotted.key : value`` lines) and
+``from_text()`` reads it back, typed by the value already there and without ever calling ``eval``.
+"""
+
+from __future__ import annotations
+
+import copy as copy_lib
+import difflib
+import importlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from params import text_format
+from params.errors import ConfigError
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SEGMENT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+class UnknownParamError(ConfigError, AttributeError):
+    """A key that is not defined; the message names it and its closest known keys."""
+
+
+class FrozenParamsError(TypeError):
+    """A write to Params after ``freeze()``."""
+
+
+class _Param:
+    __slots__ = ("value", "doc")
+
+    def __init__(self, value: Any, doc: str) -> None:
+        self.value = value
+        self.doc = doc
+
+
+def _is_params_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, Params) for v in value)
+
+
+def _split_key(key: str) -> list[tuple[str, list[int]]]:
+    """'a.b[1].c' -> [('a', []), ('b', [1]), ('c', [])]."""
+    segments = []
+    for part in key.split("."):
+        match = _SEGMENT_RE.match(part.strip())
+        if not match:
+            raise ConfigError(f"malformed param key {key!r}: bad segment {part!r}")
+        indices = [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]
+        segments.append((match.group(1), indices))
+    return segments
+
+
+class Params:
+    """A tree of named, documented settings.
+
+    ``p.define('dim', 128, 'Width of the layer.')`` then ``p.dim = 256`` or
+    ``p.set(**{'body.dim': 256})``. Unknown names raise with a suggestion; after ``freeze()`` every write
+    raises. ``copy()`` is deep and returns an unfrozen copy.
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_frozen", False)
+
+    # ----------------------------------------------------------------------------------- definition
+    def define(self, name: str, default: Any, doc: str) -> None:
+        """Adds a new param ``name`` with a default value and a one-line description."""
+        self._check_not_frozen(name)
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ConfigError(f"invalid param name {name!r}: use letters, digits and underscores")
+        if hasattr(type(self), name):
+            raise ConfigError(f"invalid param name {name!r}: it is a Params method")
+        if name in self._params:
+            raise ConfigError(f"param {name!r} is already defined")
+        if not isinstance(doc, str):
+            raise ConfigError(f"param {name!r} needs a doc string")
+        self._params[name] = _Param(default, doc)
+
+    # ------------------------------------------------------------------------------ attribute access
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        params = self.__dict__["_params"]
+        if name not in params:
+            raise self._unknown(name, list(params))
+        return params[name].value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._check_not_frozen(name)
+        if name not in self._params:
+            raise self._unknown(name, list(self._params))
+        self._params[name].value = value
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._params))
+
+    def __contains__(self, key: str) -> bool:
+        try:
+            self.get(key)
+        except (ConfigError, IndexError):
+            return False
+        return True
+
+    def names(self) -> list[str]:
+        """The names defined directly on this Params (not nested), sorted."""
+        return sorted(self._params)
+
+    def get_doc(self, key: str) -> str:
+        """The doc string of a (dotted) key."""
+        parent, name = self._resolve_parent(key)
+        return parent._params[name].doc
+
+    # ---------------------------------------------------------------------------------- dotted keys
+    def get(self, key: str) -> Any:
+        """The value at a dotted key such as ``'task.train.learning_rate'`` or ``'body.layers[1].dim'``."""
+        parent, name = self._resolve_parent(key)
+        return parent._params[name].value
+
+    def set(self, **kwargs: Any) -> Params:
+        """Sets values by dotted key: ``p.set(**{'train.learning_rate': 0.1}, name='x')``. Returns self."""
+        for key, value in kwargs.items():
+            parent, name = self._resolve_parent(key)
+            parent._check_not_frozen(key)
+            parent._params[name].value = value
+        return self
+
+    def _resolve_parent(self, key: str) -> tuple[Params, str]:
+        segments = _split_key(key)
+        node: Params = self
+        walked = ""
+        for i, (name, indices) in enumerate(segments):
+            if name not in node._params:
+                raise self._unknown(key, self._all_keys(), local=(walked, name, node.names()))
+            if i == len(segments) - 1 and not indices:
+                return node, name
+            value = node._params[name].value
+            walked += ("." if walked else "") + name
+            for index in indices:
+                if not isinstance(value, (list, tuple)) or index >= len(value):
+                    size = len(value) if isinstance(value, (list, tuple)) else "no"
+                    raise ConfigError(f"param key {key!r}: {walked!r} has {size} elements")
+                value = value[index]
+                walked += f"[{index}]"
+            if not isinstance(value, Params):
+                raise ConfigError(f"param key {key!r}: {walked!r} is a value, not a group of params")
+            node = value
+        raise ConfigError(f"param key {key!r} names a group of params, not a value")
+
+    def _all_keys(self) -> list[str]:
+        keys = []
+        for key, _ in self._walk("", include_groups=True):
+            keys.append(key)
+        return keys
+
+    def _unknown(
+        self, key: str, candidates: list[str], local: tuple[str, str, list[str]] | None = None
+    ) -> UnknownParamError:
+        matches = difflib.get_close_matches(key, candidates, n=3, cutoff=0.75)
+        if local is not None and not matches:
+            prefix, name, siblings = local
+            matches = [
+                (prefix + "." if prefix else "") + m
+                for m in difflib.get_close_matches(name, siblings, n=3, cutoff=0.75)
+            ]
+        hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
+        return UnknownParamError(f"unknown param {key!r}{hint}")
+
+    # ------------------------------------------------------------------------------------ iteration
+    def _walk(self, prefix: str, include_groups: bool = False) -> Iterator[tuple[str, Any]]:
+        for name in sorted(self._params):
+            value = self._params[name].value
+            key = prefix + name
+            if isinstance(value, Params):
+                if include_groups:
+                    yield key, value
+                yield from value._walk(key + ".", include_groups)
+            elif _is_params_list(value):
+                if include_groups:
+                    yield key, value
+                for i, item in enumerate(value):
+                    yield from item._walk(f"{key}[{i}].", include_groups)
+            else:
+                yield key, value
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        """Yields (dotted key, value) for every leaf, sorted by key."""
+        return self._walk("")
+
+    # ------------------------------------------------------------------------------ copy and freeze
+    def copy(self) -> Params:
+        """A deep, unfrozen copy."""
+        new = object.__new__(type(self))
+        object.__setattr__(new, "_params", {})
+        object.__setattr__(new, "_frozen", False)
+        for name, param in self._params.items():
+            new._params[name] = _Param(_copy_value(param.value), param.doc)
+        return new
+
+    def __deepcopy__(self, memo: dict) -> Params:
+        return self.copy()
+
+    def freeze(self) -> Params:
+        """Makes this Params and everything nested in it read-only. Returns self."""
+        object.__setattr__(self, "_frozen", True)
+        for param in self._params.values():
+            if isinstance(param.value, Params):
+                param.value.freeze()
+            elif _is_params_list(param.value):
+                for item in param.value:
+                    item.freeze()
+        return self
+
+    @property
+    def is_frozen(self) -> bool:
+        return self._frozen
+
+    def _check_not_frozen(self, name: str) -> None:
+        if self.__dict__["_frozen"]:
+            raise FrozenParamsError(f"cannot set {name!r}: the Params are frozen")
+
+    # ---------------------------------------------------------------------------------------- text
+    def to_text(self) -> str:
+        """Lingvo's text format: one sorted ``dotted.key : value`` line per leaf."""
+        return "".join(f"{key} : {text_format.format_value(value)}\n" for key, value in self)
+
+    def from_text(self, text: str) -> Params:
+        """Sets values from ``key : value`` lines (``#`` comments and blank lines are skipped).
+
+        Each value is parsed by the type of the value already there; every line is checked before
+        any is applied, so a bad line changes nothing. Returns self.
+        """
+        updates = {}
+        for line_no, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if ":" not in line:
+                raise ConfigError(f"line {line_no}: expected 'key : value', got {line!r}")
+            key, value_text = (part.strip() for part in line.split(":", 1))
+            current = self.get(key)
+            updates[key] = parse_typed(key, value_text, current)
+        for key in updates:
+            self._resolve_parent(key)[0]._check_not_frozen(key)
+        return self.set(**updates)
+
+    def text_diff(self, other: Params) -> str:
+        """Lines ``- key : value`` (only or different in self) and ``+ key : value`` (in other)."""
+        mine, theirs = dict(self), dict(other)
+        lines = []
+        for key in sorted(set(mine) | set(theirs)):
+            in_mine, in_theirs = key in mine, key in theirs
+            if in_mine and in_theirs and _values_equal(mine[key], theirs[key]):
+                continue
+            if in_mine:
+                lines.append(f"- {key} : {text_format.format_value(mine[key])}")
+            if in_theirs:
+                lines.append(f"+ {key} : {text_format.format_value(theirs[key])}")
+        return "\n".join(lines) + ("\n" if lines else "")
+
+    # ------------------------------------------------------------------------------------ equality
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Params):
+            return NotImplemented
+        if set(self._params) != set(other._params):
+            return False
+        return all(_values_equal(self._params[n].value, other._params[n].value) for n in self._params)
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(\n{self.to_text()})"
+
+
+class InstantiableParams(Params):
+    """Params that know the class they configure: ``p.instantiate()`` is ``p.cls(p)``."""
+
+    def __init__(self, cls: type | None = None) -> None:
+        super().__init__()
+        self.define("cls", cls, "The class these params build.")
+
+    def instantiate(self, *args: Any, **kwargs: Any) -> Any:
+        if self.cls is None:
+            raise ConfigError("cannot instantiate params whose 'cls' is None")
+        return self.cls(self, *args, **kwargs)
+
+
+def _copy_value(value: Any) -> Any:
+    if isinstance(value, Params):
+        return value.copy()
+    if isinstance(value, list):
+        return [_copy_value(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_value(v) for k, v in value.items()}
+    if isinstance(value, type) or callable(value):
+        return value
+    try:
+        return copy_lib.deepcopy(value)
+    except TypeError:
+        return value
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN == NaN for settings
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except (TypeError, ValueError):
+        return a is b
+
+
+# ---------------------------------------------------------------------------------------- parsing
+def parse_typed(key: str, text: str, current: Any) -> Any:
+    """Parses ``text`` for the param ``key`` whose current value is ``current``.
+
+    A str param takes any text: quoted it is unquoted, unquoted it is kept verbatim (so code stays a
+    string). Other params take only a literal of a compatible type; anything else is a ConfigError.
+    """
+    if isinstance(current, Params) or _is_params_list(current):
+        raise ConfigError(f"param {key!r} is a group of params: set its fields, like '{key}.name'")
+    if isinstance(current, str):
+        try:
+            parsed = text_format.parse_value(text)
+        except ValueError:
+            return text
+        return parsed if isinstance(parsed, str) else text
+    try:
+        parsed = text_format.parse_value(text)
+    except ValueError as e:
+        if isinstance(current, type) and text.startswith("type/"):
+            raise ConfigError(f"param {key!r}: {e}") from None
+        raise ConfigError(f"param {key!r}: cannot parse {text!r} ({e})") from None
+    return _coerce(key, text, parsed, current)
+
+
+def _coerce(key: str, text: str, parsed: Any, current: Any) -> Any:
+    expected = None
+    if current is None or parsed is None:
+        return parsed
+    if isinstance(current, bool):
+        if isinstance(parsed, bool):
+            return parsed
+        expected = "a bool (True or False)"
+    elif isinstance(current, int):
+        if isinstance(parsed, int) and not isinstance(parsed, bool):
+            return parsed
+        expected = "an int"
+    elif isinstance(current, float):
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+            return float(parsed)
+        expected = "a float"
+    elif isinstance(current, type):
+        if isinstance(parsed, type):
+            return parsed
+        if isinstance(parsed, str):
+            return import_symbol(key, parsed)
+        expected = "a class (type/module/Name)"
+    elif text_format.is_dtype(current):
+        if text_format.is_dtype(parsed):
+            return parsed
+        expected = "a dtype such as float32"
+    elif isinstance(current, (list, tuple)):
+        if isinstance(parsed, (list, tuple)):
+            return type(current)(parsed)
+        expected = "a list" if isinstance(current, list) else "a tuple"
+    elif isinstance(current, dict):
+        if isinstance(parsed, dict):
+            return parsed
+        expected = "a dict"
+    else:
+        return parsed
+    raise ConfigError(f"param {key!r}: expected {expected}, got {text!r}")
+
+
+def import_symbol(key: str, path: str) -> Any:
+    """Imports 'pkg.module.Name' or 'type/pkg.module/Name'."""
+    dotted = path[len("type/") :].replace("/", ".") if path.startswith("type/") else path
+    module_name, _, attr = dotted.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"param {key!r}: {path!r} is not an importable 'module.Name'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"param {key!r}: cannot import {path!r} ({e})") from None

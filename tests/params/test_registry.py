@@ -1,0 +1,51 @@
+"""Registry keys, duplicates, lookup by path and close-match errors."""
+
+import pytest
+
+from params import registry
+from params.errors import ConfigError
+from params.experiment import Experiment
+from tests.params import fake_experiments
+
+
+def test_key_rule_drops_tasks_and_params_packages():
+    cls = type("ConvNet", (Experiment,), {"__module__": "tasks.image.params.digits"})
+    assert registry.key_for(cls) == "image.digits.ConvNet"
+    other = type("MyExp", (Experiment,), {"__module__": "my_pkg.my_exps"})
+    assert registry.key_for(other) == "my_pkg.my_exps.MyExp"
+
+
+def test_registered_class_is_found_by_key():
+    key = "tests.params.fake_experiments.TinyExp"
+    assert registry.get(key) is fake_experiments.TinyExp
+    assert key in registry.all_keys()
+
+
+def test_unregistered_class_is_found_by_import_path():
+    assert registry.get("tests.params.fake_experiments.Unregistered") is fake_experiments.Unregistered
+
+
+def test_duplicate_key_is_an_error():
+    def make():
+        return type("Dup", (Experiment,), {"__module__": "tasks.demo.params.dups", "__qualname__": "Dup"})
+
+    first = registry.register(make())
+    try:
+        clash = type("Dup", (Experiment,), {"__module__": "tasks.demo.params.dups", "__qualname__": "X.Dup"})
+        with pytest.raises(ConfigError, match="registered twice"):
+            registry.register(clash)
+        assert registry.register(first) is first  # the same class again (a reload) is fine
+    finally:
+        registry.unregister("demo.dups.Dup")
+
+
+def test_unknown_key_lists_closest_keys():
+    with pytest.raises(ConfigError) as e:
+        registry.get("tests.params.fake_experiments.TinyExq")
+    assert "did you mean 'tests.params.fake_experiments.TinyExp'" in str(e.value)
+    with pytest.raises(ConfigError, match="unknown model 'nothing'"):
+        registry.get("nothing")
+
+
+def test_doc_line_is_first_docstring_line():
+    assert registry.doc_line(fake_experiments.TinyExp) == "A tiny experiment whose knobs gin can bind."

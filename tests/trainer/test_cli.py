@@ -1,0 +1,77 @@
+"""The binary in a subprocess: resolved Params out, one-line errors and exit codes for bad input."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "--model=tests.params.fake_experiments.TinyExp"
+
+
+def run_trainer(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_inspect_params_prints_resolved_params_with_overrides():
+    result = run_trainer(
+        MODEL, "--mode=inspect_params", "--params_override=task.train.learning_rate : 0.5",
+        "--gin_param=TinyExp.width = 6",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "task.train.learning_rate : 0.5" in lines
+    assert "task.width : 6" in lines
+    assert f"model : '{MODEL.split('=')[1]}'" in lines
+    assert lines == sorted(lines)
+
+
+def test_inspect_datasets_lists_each_dataset_and_its_jobs():
+    result = run_trainer(MODEL, "--mode=inspect_datasets")
+    assert result.returncode == 0, result.stderr
+    assert "dev (jobs: evaler_dev, decoder_dev)" in result.stdout
+    assert "train (jobs: trainer)" in result.stdout
+    assert "  batch_size : 16" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((MODEL, "--mode=inspect_params", "--params_override=task.train.learrning_rate : 0.5"),
+         "'task.train.learrning_rate'; did you mean 'task.train.learning_rate'?"),
+        ((MODEL, "--mode=inspect_params", "--params_override=task.width : wide"), "cannot parse 'wide'"),
+        ((MODEL, "--mode=inspect_params", "--gin_param=TinyExp.nope = 1"), "gin:"),
+        ((MODEL, "--mode=inspect_params", "--params_file_override=/no/such"), "no such file"),
+        (("--model=tests.params.fake_experiments.TinyExq", "--mode=inspect_params"),
+         "did you mean 'tests.params.fake_experiments.TinyExp'"),
+        (("--mode=inspect_params",), "--model is required"),
+        ((MODEL, "--mode=bogus"), "--mode"),
+        ((MODEL, "--no_such_flag=1"), "no_such_flag"),
+        ((MODEL,), "--logdir is required"),
+        ((MODEL, "--mode=inspect_params", "stray"), "unexpected arguments 'stray'"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_line(args, message):
+    result = run_trainer(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    error_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(error_lines) == 1, result.stderr
+    assert message in error_lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_help_describes_the_flags():
+    result = run_trainer("--helpshort")
+    assert result.returncode == 0
+    for flag in ("--model", "--logdir", "--mode", "--job", "--params_override", "--gin_param"):
+        assert flag in result.stdout

@@ -1,0 +1,38 @@
+"""Benchmarks that print their figures as JSON lines: ``python -m tools.benchmark NAME [--flags]``.
+
+Each benchmark is a module ``tools/benchmarks/<name>.py`` with ``main(argv) -> int``; both sides of
+every ratio are measured in the same run, since these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+
+from tools import benchmarks
+
+
+def available() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__))
+
+
+def main(argv: list[str]) -> int:
+    names = available()
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(f"usage: python -m tools.benchmark {{{','.join(names)}}} [flags]", file=sys.stderr)
+        return 0 if len(argv) >= 2 else 2
+    if argv[1] not in names:
+        print(
+            f"benchmark: error: unknown benchmark {argv[1]!r}; choose from {', '.join(names)}",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    module = importlib.import_module(f"tools.benchmarks.{argv[1]}")
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

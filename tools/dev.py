@@ -1,0 +1,71 @@
+"""Set-up and the two quick-start commands, with nothing but Python 3.10+ installed.
+
+    python3 tools/dev.py train   # make .venv, install the pinned dependencies, train the default model
+    python3 tools/dev.py test    # make .venv, install the pinned dependencies, run the whole test suite
+
+The virtualenv lives in ``.venv`` at the repo root and is reinstalled only when requirements.lock
+changes. Extra arguments go to the trainer (``train``) or to pytest (``test``). Standard library only:
+this runs before any dependency exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+LOCK = ROOT / "requirements.lock"
+STAMP = VENV / ".requirements.sha256"
+DEFAULT_TRAIN_ARGS = ["--model=image.digits.ConvNet", "--logdir=runs/digits"]
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_venv() -> Path:
+    """Creates .venv and installs requirements.lock when missing or changed; returns its python."""
+    if sys.version_info < (3, 10):  # noqa: UP036 (this script must run to say so)
+        sys.exit(f"dev: error: Python 3.10 or newer is needed, this is {sys.version.split()[0]}")
+    digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()
+    python = venv_python()
+    if python.exists() and STAMP.exists() and STAMP.read_text().strip() == digest:
+        return python
+    if not python.exists():
+        print(f"dev: creating virtualenv {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    print("dev: installing pinned dependencies from requirements.lock (about a minute)", flush=True)
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "install", "-r", str(LOCK)], check=True)
+    STAMP.write_text(digest + "\n")
+    return python
+
+
+def main(argv: list[str]) -> int:
+    commands = {"setup", "train", "test"}
+    if len(argv) < 2 or argv[1] not in commands:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    command, extra = argv[1], argv[2:]
+    try:
+        python = ensure_venv()
+    except subprocess.CalledProcessError as e:
+        print(f"dev: error: installing dependencies failed ({e})", file=sys.stderr)
+        return 1
+    if command == "setup":
+        return 0
+    if command == "train":
+        args = [str(python), "-m", "trainer", *(extra or DEFAULT_TRAIN_ARGS)]
+    else:
+        args = [str(python), "-m", "pytest", *extra]
+    return subprocess.call(args, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1 @@
+"""The trainer binary and its jobs (controller, trainer, evaler, decoder)."""

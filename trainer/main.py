@@ -1,0 +1,151 @@
+"""The TensorPipe binary: flags -> resolved Params -> jobs.
+
+    python -m trainer --model=image.digits.ConvNet --logdir=runs/digits
+    python -m trainer --model=image.digits.ConvNet --mode=inspect_params \\
+        --params_override="task.train.learning_rate : 0.5"
+    bazel run //trainer -- --model=image.digits.ConvNet --mode=inspect_params
+
+Flags are read here and nowhere else. Every setting a job uses comes from the resolved Params, which
+are printed by --mode=inspect_params and written to <logdir>/params.txt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
+
+from absl import app, flags  # noqa: E402
+
+from params import experiment  # noqa: E402
+from params.errors import ConfigError, UserError  # noqa: E402
+from params.hyperparams import Params  # noqa: E402
+from trainer import tf_startup  # noqa: E402
+
+MODES = ("train", "inspect_params", "inspect_datasets")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string(
+    "model",
+    None,
+    "Registry key of the experiment, e.g. image.digits.ConvNet, or "
+    "the full import path of an experiment class (python -m tools.list_models).",
+)
+flags.DEFINE_string(
+    "logdir",
+    None,
+    "Directory (local path or tf.io.gfile URI) shared by all jobs "
+    "of a run: checkpoints, params.txt, TensorBoard summaries. Needed by --mode=train.",
+)
+flags.DEFINE_enum(
+    "mode",
+    "train",
+    MODES,
+    "train: run the jobs named by --job. inspect_params: print "
+    "the resolved Params and exit. inspect_datasets: print each data set's input Params.",
+)
+flags.DEFINE_list(
+    "job",
+    [],
+    "Jobs to run in this process, comma separated: controller, trainer, "
+    "evaler_<dataset>, decoder_<dataset>. Empty (the default): all of them, in one "
+    "process.",
+)
+flags.DEFINE_string(
+    "params_override",
+    None,
+    "Params text applied last, 'key : value' statements "
+    "separated by ';' or newlines, e.g. 'task.train.learning_rate : 0.1'.",
+)
+flags.DEFINE_string(
+    "params_file_override", None, "A file of 'key : value' lines, applied before --params_override."
+)
+flags.DEFINE_multi_string(
+    "gin_file",
+    [],
+    "Gin files binding experiment constructor knobs "
+    "(e.g. ConvNet.num_layers = 4). Applied before any params override.",
+)
+flags.DEFINE_multi_string(
+    "gin_param", [], "Gin bindings, e.g. 'ConvNet.num_layers = 4'; applied after --gin_file."
+)
+
+
+HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, but a bad flag is one line and exit status 2, and --help exits 0."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"trainer: error: {e} (see --help)", file=sys.stderr)
+        sys.exit(2)
+    except SystemExit:
+        if any(arg.split("=")[0] in HELP_FLAGS for arg in argv[1:]):
+            sys.exit(0)  # absl exits 1 after printing help; asking for help is not a failure
+        raise
+
+
+def resolve_params() -> Params:
+    """The frozen Params this invocation runs, from --model and every override flag."""
+    if not FLAGS.model:
+        raise ConfigError("--model is required (python -m tools.list_models lists the experiments)")
+    return experiment.resolve(
+        FLAGS.model,
+        gin_files=FLAGS.gin_file,
+        gin_bindings=FLAGS.gin_param,
+        params_file_override=FLAGS.params_file_override,
+        params_override=FLAGS.params_override,
+    )
+
+
+def inspect_datasets(root: Params) -> str:
+    """Each data set, the jobs that read it, and its input Params."""
+    blocks = []
+    for name in root.input.names():
+        jobs = "trainer" if name == "train" else f"evaler_{name}, decoder_{name}"
+        body = "".join(f"  {line}\n" for line in root.input.get(name).to_text().splitlines())
+        blocks.append(f"{name} (jobs: {jobs})\n{body}")
+    return "\n".join(blocks)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {' '.join(argv[1:])!r} (flags need --name=value)")
+    root = resolve_params()
+    if FLAGS.mode == "inspect_params":
+        sys.stdout.write(root.to_text())
+        return 0
+    if FLAGS.mode == "inspect_datasets":
+        sys.stdout.write(inspect_datasets(root))
+        return 0
+    if not FLAGS.logdir:
+        raise ConfigError("--logdir is required to train (a local path or a tf.io.gfile URI)")
+    from trainer import launcher
+
+    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job)
+
+
+def run() -> None:
+    """Entry point: one clear line and a non-zero exit for anything the user can fix."""
+    if "BUILD_WORKING_DIRECTORY" in os.environ:  # bazel run: relative paths mean the user's cwd
+        os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])
+    tf_startup.import_tensorflow()
+
+    def _main(argv: list[str]) -> None:
+        try:
+            sys.exit(main(argv))
+        except UserError as e:
+            print(f"trainer: error: {e}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            print("trainer: interrupted; the last saved checkpoint is intact", file=sys.stderr)
+            sys.exit(130)
+
+    app.run(_main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    run()
