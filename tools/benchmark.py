@@ -7,11 +7,11 @@ every ratio are measured in the same run, since these machines are shared and no
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 import sys
 
 from tools import benchmarks
+from trainer import tf_startup
 
 
 def available() -> list[str]:
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tf_startup.import_tensorflow()
     module = importlib.import_module(f"tools.benchmarks.{argv[1]}")
     return module.main(argv[1:])
 

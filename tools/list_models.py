@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from params import registry  # noqa: E402
+from params import registry
+from trainer import tf_startup
 
 
 def main() -> int:
+    tf_startup.import_tensorflow()
     keys = registry.all_keys()
     width = max((len(k) for k in keys), default=0)
     for key in keys:

@@ -1,0 +1,65 @@
+"""Image inputs: ``DigitsInput``, scikit-learn's bundled 8x8 handwritten digits (no download)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from params.errors import ConfigError
+from params.hyperparams import InstantiableParams
+from tasks.base_input import BaseInput
+
+SPLITS = ("train", "dev", "test")
+DEV_FRACTION = 0.15
+TEST_FRACTION = 0.15
+
+
+def split_indices(num_examples: int, split: str, seed: int) -> np.ndarray:
+    """Indices of ``split`` in a fixed permutation of ``range(num_examples)``: the first 15% (rounded)
+    are dev, the next 15% test and the rest (~70%) train. The same seed always gives the same split."""
+    order = np.random.RandomState(seed).permutation(num_examples)
+    num_dev = int(round(DEV_FRACTION * num_examples))
+    num_test = int(round(TEST_FRACTION * num_examples))
+    bounds = {
+        "dev": (0, num_dev),
+        "test": (num_dev, num_dev + num_test),
+        "train": (num_dev + num_test, num_examples),
+    }
+    start, end = bounds[split]
+    return order[start:end]
+
+
+class DigitsInput(BaseInput):
+    """The 1797 8x8 grayscale digits of ``sklearn.datasets.load_digits``, split train/dev/test.
+
+    Each example is ``{'image': float32 [8, 8, 1] in [0, 1], 'label': int32 in [0, 10)}``.
+    """
+
+    NUM_CLASSES = 10
+    IMAGE_SHAPE = (8, 8, 1)
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define("split", "train", "train (~70%), dev (~15%) or test (~15%).")
+        p.define("split_seed", 20240601, "Seed of the fixed permutation that assigns examples to splits.")
+        return p
+
+    def __init__(self, params: InstantiableParams) -> None:
+        super().__init__(params)
+        p = self.params
+        if p.split not in SPLITS:
+            raise ConfigError(f"input {p.name!r}: split must be one of {', '.join(SPLITS)}, got {p.split!r}")
+
+    def load(self) -> tuple[np.ndarray, np.ndarray]:
+        """(images [n, 8, 8, 1] float32 in [0, 1], labels [n] int32) of this split, in split order."""
+        from sklearn.datasets import load_digits  # imported here: only this input needs scikit-learn
+
+        digits = load_digits()
+        index = split_indices(len(digits.target), self.params.split, self.params.split_seed)
+        images = (digits.images[index] / 16.0).astype(np.float32)[..., np.newaxis]
+        return images, digits.target[index].astype(np.int32)
+
+    def examples(self) -> tf.data.Dataset:
+        images, labels = self.load()
+        return tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})

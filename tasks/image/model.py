@@ -1,0 +1,104 @@
+"""ImageClassifierTask: a layer stack (``body``) over images, then a softmax over classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from layers.base_layer import BaseLayer, FPropContext
+from layers.core import SequentialLayer, SoftmaxLayer
+from params.errors import UserError
+from params.hyperparams import InstantiableParams
+from tasks import base_task
+
+
+def _get(batch: dict[str, tf.Tensor], key: str) -> tf.Tensor:
+    if key not in batch:
+        raise UserError(
+            f"image task: the batch has no {key!r} (it has {', '.join(sorted(batch)) or 'nothing'})"
+        )
+    return batch[key]
+
+
+class ImageClassifierTask(base_task.BaseTask):
+    """Classifies ``batch['image']`` into ``batch['label']``.
+
+    ``body`` maps images to feature vectors ``[batch, softmax.input_dim]``; ``softmax`` gives the logits.
+    An optional ``batch['weight']`` (0 for padding examples) weights every metric and decode record.
+    """
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define(
+            "body", SequentialLayer.Params(), "Layers from images to features (conv/bn/pool/flatten/...)."
+        )
+        p.define("softmax", SoftmaxLayer.Params(), "Features -> class logits and cross-entropy.")
+        return p
+
+    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
+        super().__init__(params, parent)
+        self.create_child("body", self.params.body)
+        self.create_child("softmax", self.params.softmax)
+
+    def compute_predictions(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """``{'features': body output, 'logits': [batch, num_classes]}``."""
+        images = _get(batch, "image")
+        if images.shape.rank is not None and images.shape.rank != 4:
+            raise UserError(
+                f"image task: batch['image'] must be [batch, height, width, channels], got {images.shape}"
+            )
+        features = self.body(ctx, images)
+        return {"features": features, "logits": self.softmax.logits(ctx, features)}
+
+    def _weights(self, batch: dict[str, tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
+        if "weight" in batch:
+            return tf.cast(batch["weight"], tf.float32)
+        return tf.ones(tf.shape(labels), tf.float32)
+
+    def compute_loss(
+        self, ctx: FPropContext, predictions: dict[str, tf.Tensor], batch: dict[str, tf.Tensor]
+    ) -> base_task.Metrics:
+        """``loss`` (mean cross-entropy) and ``accuracy``, each weighted by the number of examples."""
+        labels = tf.cast(_get(batch, "label"), tf.int32)
+        weights = self._weights(batch, labels)
+        out = self.softmax.fprop(ctx, predictions["features"], labels, weights)
+        predicted = tf.argmax(predictions["logits"], axis=-1, output_type=tf.int32)
+        correct = tf.cast(tf.equal(predicted, labels), tf.float32)
+        total = out["total_weight"]
+        accuracy = tf.math.divide_no_nan(tf.reduce_sum(correct * weights), total)
+        return {"loss": (out["avg_xent"], total), "accuracy": (accuracy, total)}
+
+    def decode(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Per example: ``predicted`` class, its ``probability``, the true ``label`` and its ``weight``."""
+        logits = self.compute_predictions(ctx, batch)["logits"]
+        labels = _get(batch, "label")
+        probs = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+        return {
+            "predicted": tf.argmax(logits, axis=-1, output_type=tf.int32),
+            "probability": tf.reduce_max(probs, axis=-1),
+            "label": tf.cast(labels, tf.int32),
+            "weight": self._weights(batch, labels),
+        }
+
+    def create_decoder_metrics(self) -> dict[str, base_task.DecoderMetric]:
+        return {"accuracy": base_task.AverageMetric()}
+
+    def post_process_decode_out(
+        self, decode_out: dict[str, np.ndarray], metrics: dict[str, base_task.DecoderMetric]
+    ) -> list[dict[str, Any]]:
+        """One record ``{'label', 'predicted', 'probability'}`` per example of weight > 0."""
+        records = []
+        weights = decode_out.get("weight", np.ones_like(decode_out["label"], dtype=np.float32))
+        for label, predicted, probability, weight in zip(
+            decode_out["label"], decode_out["predicted"], decode_out["probability"], weights
+        ):
+            if weight <= 0:
+                continue
+            metrics["accuracy"].update(float(label == predicted), float(weight))
+            records.append(
+                {"label": int(label), "predicted": int(predicted), "probability": float(probability)}
+            )
+        return records

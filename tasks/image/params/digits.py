@@ -1,0 +1,120 @@
+"""Experiments on scikit-learn's 8x8 digits (1797 images, 10 classes; bundled, no download)."""
+
+from __future__ import annotations
+
+from layers.core import (
+    ActivationLayer,
+    BatchNormLayer,
+    Conv2DLayer,
+    DropoutLayer,
+    FlattenLayer,
+    PoolingLayer,
+    ProjectionLayer,
+)
+from params import registry
+from params.errors import ConfigError
+from params.experiment import Experiment
+from params.hyperparams import Params
+from tasks.image.input import DigitsInput
+from tasks.image.model import ImageClassifierTask
+
+
+def conv_block(index: int, in_channels: int, out_channels: int, pool: bool, bn_decay: float) -> list[Params]:
+    """conv 3x3 -> batch norm -> relu (-> 2x2 max pool)."""
+    conv = Conv2DLayer.Params().set(name=f"conv{index}", filter_shape=[3, 3, in_channels, out_channels])
+    conv.has_bias = False  # the batch norm's beta is the bias
+    bn = BatchNormLayer.Params().set(name=f"bn{index}", dim=out_channels, decay=bn_decay)
+    layers = [conv, bn, ActivationLayer.Params().set(name=f"relu{index}", activation="relu")]
+    if pool:
+        layers.append(PoolingLayer.Params().set(name=f"pool{index}", pooling_type="max"))
+    return layers
+
+
+@registry.register
+class ConvNet(Experiment):
+    """Small conv net on 8x8 digits: conv-bn-relu(-pool) blocks, a hidden layer, softmax; ~99% dev accuracy.
+
+    Knobs (gin: ``ConvNet.num_layers = 3``): ``num_layers`` conv blocks with ``filters`` channels
+    (doubling after each 2x2 pooling, which happens while the image is at least 2x2), a ``hidden_dim``
+    relu projection with dropout ``keep_prob``, Adam with linear warm-up then cosine decay.
+    """
+
+    def __init__(
+        self,
+        num_layers: int = 2,
+        filters: int = 32,
+        hidden_dim: int = 128,
+        keep_prob: float = 1.0,
+        batch_size: int = 64,
+        learning_rate: float = 3e-3,
+        warmup_steps: int = 100,
+        max_steps: int = 1500,
+        bn_decay: float = 0.99,
+    ) -> None:
+        if num_layers < 1 or filters < 1 or hidden_dim < 1 or batch_size < 1:
+            raise ConfigError(
+                "ConvNet: num_layers, filters, hidden_dim and batch_size must be >= 1, got "
+                f"{num_layers}, {filters}, {hidden_dim}, {batch_size}"
+            )
+        self.num_layers = num_layers
+        self.filters = filters
+        self.hidden_dim = hidden_dim
+        self.keep_prob = keep_prob
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.warmup_steps = warmup_steps
+        self.max_steps = max_steps
+        self.bn_decay = bn_decay
+
+    def task(self) -> Params:
+        p = ImageClassifierTask.Params()
+        height, width, channels = DigitsInput.IMAGE_SHAPE
+        sub = []
+        for i in range(self.num_layers):
+            pool = min(height, width) >= 2
+            out_channels = self.filters * 2 ** min(i, 3)
+            sub += conv_block(i, channels, out_channels, pool, self.bn_decay)
+            channels = out_channels
+            if pool:
+                height, width = height // 2, width // 2
+        sub.append(FlattenLayer.Params().set(name="flatten"))
+        sub.append(
+            ProjectionLayer.Params().set(
+                name="hidden",
+                input_dim=height * width * channels,
+                output_dim=self.hidden_dim,
+                activation="relu",
+            )
+        )
+        if self.keep_prob < 1.0:
+            sub.append(DropoutLayer.Params().set(name="dropout", keep_prob=self.keep_prob))
+        p.body.sub = sub
+        p.softmax.set(input_dim=self.hidden_dim, num_classes=DigitsInput.NUM_CLASSES)
+        p.train.set(
+            optimizer="adam",
+            learning_rate=self.learning_rate,
+            lr_schedule="linear_cosine",
+            warmup_steps=self.warmup_steps,
+            max_steps=self.max_steps,
+            save_interval_steps=500,
+            summary_interval_steps=50,
+            log_interval_steps=100,
+        )
+        return p
+
+    def _input(self, split: str) -> Params:
+        p = DigitsInput.Params().set(name=split, split=split, batch_size=self.batch_size)
+        if split == "train":
+            p.set(shuffle_seed=301, repeat=True, drop_remainder=True)
+        else:
+            p.set(shuffle_seed=None, repeat=False, drop_remainder=False)
+        return p
+
+    def train(self) -> Params:
+        return self._input("train")
+
+    def dev(self) -> Params:
+        return self._input("dev")
+
+    def test(self) -> Params:
+        return self._input("test")
