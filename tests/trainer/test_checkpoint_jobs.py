@@ -1,0 +1,103 @@
+"""Evalers and decoders in process: which checkpoints they take, and what they record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from params import experiment
+from params.errors import ConfigError
+from tests.trainer import runner
+from trainer import checkpointer
+from trainer.decoder_job import Decoder
+from trainer.evaler_job import Evaler
+from trainer.train_job import TrainLoop
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """A logdir with checkpoints at steps 10, 20, 30 (all kept)."""
+    logdir = tmp_path_factory.mktemp("jobs") / "run"
+    root = _root(data_dir)
+    with TrainLoop(root, str(logdir), log=lambda _: None) as loop:
+        assert loop.run() == 30
+    return logdir
+
+
+def _copy_run(trained, tmp_path, skip=()):
+    """A fresh logdir holding the trained run's checkpoints (minus the files named in ``skip``)."""
+    logdir = tmp_path / "run"
+    (logdir / "train").mkdir(parents=True)
+    for f in (trained / "train").iterdir():
+        if not f.name.startswith("events.") and f.name not in skip:
+            (logdir / "train" / f.name).write_bytes(f.read_bytes())
+    return logdir
+
+
+def _root(data_dir, override=""):
+    text = runner.data_override(data_dir) + "; task.train.save_max_to_keep : 0"
+    if override:
+        text += f"; {override}"
+    return experiment.resolve(runner.MODEL, params_override=text)
+
+
+def test_evaler_skips_a_checkpoint_deleted_under_it_and_records_the_rest(trained, data_dir, tmp_path):
+    logdir = _copy_run(trained, tmp_path, skip=("ckpt-10.index",))  # as if retention deleted it
+    messages = []
+    evaler = Evaler(_root(data_dir), str(logdir), "dev", log=messages.append)
+    assert [s for s, _ in evaler.pending()] == [10, 20, 30]
+    assert evaler.run_pending() == 2
+    assert any("skipped" in m and "ckpt-10" in m for m in messages)
+    assert evaler.done_steps == [20, 30] and evaler.finished
+    assert evaler.pending() == []
+    evaler.close()
+    # A new evaler on the same directory reads the record: nothing left to do.
+    again = Evaler(_root(data_dir), str(logdir), "dev", log=messages.append)
+    assert again.done_steps == [20, 30] and again.run_pending() == 0
+    again.close()
+
+
+def test_latest_mode_takes_only_the_newest_checkpoint(trained, data_dir, tmp_path):
+    root = _root(data_dir, "task.eval.checkpoints : 'latest'")
+    logdir = _copy_run(trained, tmp_path)
+    evaler = Evaler(root, str(logdir), "test", log=lambda _: None)
+    assert evaler.run_pending() == 1
+    assert evaler.done_steps == [30]
+    record = json.loads((logdir / "eval_test" / "scores.jsonl").read_text())
+    assert record["step"] == 30 and set(record["metrics"]) == {"loss", "mae"}
+    evaler.close()
+
+
+def test_eval_metrics_are_averaged_by_weight_over_the_whole_set(trained, data_dir):
+    # 24 test examples in batches of 8 and 16 (a partial last batch kept) must give the same average.
+    values = {}
+    for batch_size in (8, 16):
+        root = _root(data_dir, f"input.test.batch_size : {batch_size}; input.test.drop_remainder : False")
+        evaler = Evaler(root, str(trained), "test", log=lambda _: None)
+        checkpointer.restore_task(evaler.task, str(trained / "train" / "ckpt-30"))
+        values[batch_size] = evaler.process(30)
+        evaler.close()
+    assert values[8]["loss"] == pytest.approx(values[16]["loss"], rel=1e-5)
+    assert values[8]["mae"] == pytest.approx(values[16]["mae"], rel=1e-5)
+
+
+def test_decoder_and_evaler_need_a_known_data_set(trained, data_dir):
+    with pytest.raises(ConfigError, match="no data set 'valid'"):
+        Decoder(_root(data_dir), str(trained), "valid")
+    with pytest.raises(ConfigError, match="repeats forever"):
+        Evaler(_root(data_dir, "input.dev.repeat : True"), str(trained), "dev").batches()
+
+
+def test_samples_per_summary_limits_the_examples_decoded(trained, data_dir, tmp_path):
+    logdir = _copy_run(trained, tmp_path)
+    root = _root(data_dir, "task.decode.samples_per_summary : 12")  # 12 examples: 2 batches of 8
+    decoder = Decoder(root, str(logdir), "test", log=lambda _: None)
+    assert decoder.run_pending() == 3
+    lines = (logdir / "decoder_test" / "decoded-30.jsonl").read_text().splitlines()
+    assert len(lines) == 16
+    assert [
+        json.loads(x)["metrics"]["num_decoded"]
+        for x in (logdir / "decoder_test" / "scores.jsonl").read_text().splitlines()
+    ] == [16, 16, 16]
+    decoder.close()

@@ -1,0 +1,77 @@
+"""Checkpoints: retention, a save cut short never becomes the latest, a corrupt one is reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from params.errors import UserError
+from trainer import checkpointer
+from trainer.checkpointer import Checkpointer
+
+
+class _State(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(tf.zeros([3]))
+
+
+def _checkpointer(directory, max_to_keep=5):
+    state, step = _State(), tf.Variable(0, dtype=tf.int64)
+    return Checkpointer(str(directory), max_to_keep, task=state, global_step=step), state, step
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    ckpt, state, step = _checkpointer(tmp_path, max_to_keep=2)
+    for s in (10, 20, 30):
+        step.assign(s)
+        ckpt.save(s)
+    assert [s for s, _ in checkpointer.list_checkpoints(str(tmp_path))] == [20, 30]
+    assert not list(tmp_path.glob("ckpt-10*"))
+    assert ckpt.latest_step == 30
+
+
+def test_interrupted_save_is_not_the_latest_and_restore_uses_the_previous(tmp_path):
+    ckpt, state, step = _checkpointer(tmp_path)
+    state.w.assign([1.0, 2.0, 3.0])
+    step.assign(10)
+    ckpt.save(10)
+    # What a kill in the middle of saving step 20 leaves: data written, no index, state not updated.
+    (tmp_path / "ckpt-20_temp").mkdir()
+    (tmp_path / "ckpt-20_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"partial")
+    (tmp_path / "ckpt-20.data-00000-of-00001").write_bytes(b"partial")
+
+    fresh, fresh_state, fresh_step = _checkpointer(tmp_path)
+    assert fresh.latest_step == 10
+    assert fresh.restore_latest().endswith("ckpt-10")
+    np.testing.assert_array_equal(fresh_state.w.numpy(), [1.0, 2.0, 3.0])
+    assert int(fresh_step.numpy()) == 10
+    # The next save of step 20 replaces the debris and becomes the latest.
+    fresh_step.assign(20)
+    fresh.save(20)
+    assert _checkpointer(tmp_path)[0].latest_step == 20
+
+
+def test_checkpoint_of_another_model_is_a_user_error(tmp_path):
+    ckpt, _, step = _checkpointer(tmp_path)
+    ckpt.save(10)
+
+    class _Other(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.zeros([4]))
+
+    other = Checkpointer(str(tmp_path), 5, task=_Other(), global_step=tf.Variable(0, dtype=tf.int64))
+    with pytest.raises(UserError, match="ckpt-10 cannot be restored"):
+        other.restore_latest()
+    assert (tmp_path / "ckpt-10.index").exists()
+
+
+def test_restore_task_reports_a_deleted_checkpoint(tmp_path):
+    ckpt, state, _ = _checkpointer(tmp_path)
+    path = ckpt.save(10)
+    for f in tmp_path.glob("ckpt-10*"):
+        f.unlink()
+    with pytest.raises(checkpointer.CheckpointGoneError):
+        checkpointer.restore_task(_State(), path)

@@ -1,0 +1,144 @@
+"""Jobs that process each new checkpoint once: the base of evalers and decoders.
+
+A job on data set ``<ds>`` keeps its output in ``logdir/<kind>_<ds>/``: TensorBoard events and
+``scores.jsonl``, one line ``{"step": s, "metrics": {...}}`` per checkpoint processed. That file is
+also the job's record of what is done (rewritten atomically after the summaries are flushed), so a
+restarted job neither repeats nor skips a checkpoint. ``task.eval.checkpoints`` picks which ones: 'all'
+(every listed checkpoint not yet done, oldest first) or 'latest' (only the newest, if newer than any
+done). A checkpoint deleted by retention before the job reached it is skipped with a message.
+
+The job restores the task's variables into its own task instance (built with the data set's
+task_overrides), so it runs the same way inside the trainer's process or in a process of its own.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from params import experiment
+from params.errors import ConfigError
+from params.hyperparams import Params
+from trainer import checkpointer, files
+from trainer.summaries import SummaryWriter
+
+CHECKPOINT_CHOICES = ("all", "latest")
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+class CheckpointJob:
+    """Base class: finds checkpoints to process, records them as done. Subclasses define ``kind``
+    and ``process(step) -> metrics``."""
+
+    kind = ""  # directory and job-name prefix: eval, decoder
+    settings = ""  # the task's settings group with samples_per_summary: eval, decode
+
+    def __init__(self, root: Params, logdir: str, dataset: str, log: Callable[[str], None] = _print) -> None:
+        if dataset not in root.input.names() or dataset == "train":
+            others = [n for n in root.input.names() if n != "train"]
+            raise ConfigError(
+                f"job {self.kind}_{dataset}: no data set {dataset!r} to evaluate; the experiment has "
+                f"{', '.join(others) or 'none besides train'}"
+            )
+        self.name = f"{self.kind}_{dataset}"
+        self.dataset = dataset
+        self.train_dir = files.join(logdir, "train")
+        self.directory = files.join(logdir, self.name)
+        self._log = log
+        self.task_params = experiment.task_params_for(root, dataset)
+        self.max_steps = int(self.task_params.train.max_steps)
+        self.mode = self.task_params.eval.checkpoints
+        if self.mode not in CHECKPOINT_CHOICES:
+            raise ConfigError(f"task.eval.checkpoints: expected all or latest, got {self.mode!r}")
+        self.poll_interval_seconds = float(self.task_params.eval.poll_interval_seconds)
+        self.samples_per_summary = int(self.task_params.get(f"{self.settings}.samples_per_summary"))
+        self.task = self.task_params.instantiate()
+        self.input = root.input.get(dataset).instantiate()
+        self._scores_path = files.join(self.directory, "scores.jsonl")
+        self._records = files.read_jsonl(self._scores_path)
+        self._skipped: set[int] = set()
+        self.writer = SummaryWriter(self.directory)
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    @property
+    def done_steps(self) -> list[int]:
+        return sorted(int(r["step"]) for r in self._records)
+
+    @property
+    def finished(self) -> bool:
+        """True once the trainer's final checkpoint (step >= max_steps) is done."""
+        return any(s >= self.max_steps for s in self.done_steps)
+
+    def pending(self) -> list[tuple[int, str]]:
+        """Checkpoints to process now, oldest first."""
+        done = set(self.done_steps)
+        listed = [(s, p) for s, p in checkpointer.list_checkpoints(self.train_dir) if s not in self._skipped]
+        if self.mode == "latest":
+            newest = [c for c in listed[-1:] if c[0] > max(done, default=-1)]
+            return newest
+        return [(s, p) for s, p in listed if s not in done]
+
+    def run_pending(self) -> int:
+        """Processes every pending checkpoint; returns how many were done."""
+        count = 0
+        for step, path in self.pending():
+            try:
+                checkpointer.restore_task(self.task, path)
+            except checkpointer.CheckpointGoneError:
+                self._skipped.add(step)
+                self._log(f"{self.name}: skipped {path}: deleted (save_max_to_keep) before it was read")
+                continue
+            start = time.perf_counter()
+            metrics = self.process(step)
+            self.writer.scalars(step, metrics)
+            self.writer.flush()
+            self._records.append({"step": step, "metrics": metrics})
+            files.write_jsonl_atomic(self._scores_path, self._records)
+            shown = "  ".join(f"{k} {v:.6g}" for k, v in sorted(metrics.items()))
+            self._log(f"{self.name}: step {step}: {shown}  ({time.perf_counter() - start:.1f}s)")
+            count += 1
+        return count
+
+    def process(self, step: int) -> dict[str, float]:
+        """Evaluates/decodes the restored task at checkpoint ``step``; returns scalar metrics."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.writer.close()
+
+    # ------------------------------------------------------------------------------------ input
+    def batches(self) -> tf.data.Dataset:
+        """The data set's batches for one pass: samples_per_summary examples' worth (0: all)."""
+        ds = self.input.dataset()
+        batch_size = int(self.input.params.batch_size)
+        if self.samples_per_summary > 0:
+            return ds.take(-(-self.samples_per_summary // batch_size))
+        if ds.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise ConfigError(
+                f"{self.name}: input.{self.dataset} repeats forever; set "
+                f"task.{self.settings}.samples_per_summary > 0 or input.{self.dataset}.repeat : False"
+            )
+        return ds
+
+
+def run_until_finished(jobs: list[CheckpointJob], log: Callable[[str], None] = _print) -> None:
+    """Polls ``logdir/train`` for new checkpoints until every job has done the final one."""
+    interval = min(job.poll_interval_seconds for job in jobs)
+    announced = False
+    while True:
+        for job in jobs:
+            if not job.finished:
+                job.run_pending()
+        waiting = [job.name for job in jobs if not job.finished]
+        if not waiting:
+            return
+        if not announced:
+            log(f"{', '.join(waiting)}: waiting for checkpoints in {jobs[0].train_dir}")
+            announced = True
+        time.sleep(interval)

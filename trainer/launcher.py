@@ -1,0 +1,123 @@
+"""Which jobs this process runs over the shared logdir, and in what order.
+
+Jobs: ``controller`` and ``trainer`` (one loop, see train_job.py), ``evaler_<ds>`` and ``decoder_<ds>``
+for each data set other than ``train``.
+
+- No ``--job`` (the default): every job in this process. The training loop runs in the main thread;
+  after each checkpoint it saves, every evaler and decoder processes the new checkpoint (restoring it
+  into its own task instance) before training goes on. So when the process exits, training is over and
+  every checkpoint was evaluated and decoded, with no threads to coordinate. Before training starts,
+  they first catch up on checkpoints a previous, interrupted run left unprocessed.
+- ``--job=controller,trainer``: the training loop alone.
+- ``--job=evaler_dev,decoder_test`` (any evalers/decoders): poll ``logdir/train`` every
+  ``task.eval.poll_interval_seconds`` and process each new checkpoint, until the one at ``max_steps``
+  is done.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging as absl_logging
+
+from params.errors import ConfigError, UserError
+from params.hyperparams import Params
+from trainer import cluster, files
+from trainer.checkpoint_job import CheckpointJob, run_until_finished
+from trainer.decoder_job import Decoder, implements_decode
+from trainer.evaler_job import Evaler
+from trainer.train_job import TrainLoop
+
+TRAIN_JOBS = ("controller", "trainer")
+JOB_KINDS: dict[str, type[CheckpointJob]] = {"evaler": Evaler, "decoder": Decoder}
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+def eval_datasets(root: Params) -> list[str]:
+    return [name for name in root.input.names() if name != "train"]
+
+
+def all_jobs(root: Params) -> list[str]:
+    """Every job of an experiment: what an empty --job runs."""
+    jobs = list(TRAIN_JOBS) if "train" in root.input.names() else []
+    jobs += [f"evaler_{ds}" for ds in eval_datasets(root)]
+    if implements_decode(root.task.cls):
+        jobs += [f"decoder_{ds}" for ds in eval_datasets(root)]
+    return jobs
+
+
+def check_jobs(root: Params, jobs: list[str]) -> list[str]:
+    """The validated job names (all of them for an empty list)."""
+    names = list(dict.fromkeys(j.strip() for j in jobs if j.strip())) or all_jobs(root)
+    datasets = eval_datasets(root)
+    known = list(TRAIN_JOBS) + [f"{k}_{ds}" for k in JOB_KINDS for ds in datasets]
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"--job: unknown job {name!r}; this experiment has {', '.join(known)}")
+    if ("controller" in names) != ("trainer" in names):
+        raise ConfigError(
+            "--job: the controller and the trainer are one loop (TensorFlow 2 has no shared session "
+            "between processes); run them together: --job=controller,trainer"
+        )
+    if "trainer" in names and "train" not in root.input.names():
+        raise ConfigError("--job=trainer: the experiment has no 'train' data set")
+    return names
+
+
+def check_logdir(logdir: str) -> None:
+    """Creates the logdir and proves it writable, or raises one UserError line."""
+    probe = files.join(logdir, f".write_test-{socket.gethostname()}-{os.getpid()}")
+    try:
+        tf.io.gfile.makedirs(logdir)
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        raise UserError(f"--logdir={logdir} is not writable: {files.reason(e)}") from None
+
+
+def run_jobs(root: Params, logdir: str, jobs: list[str], log: Callable[[str], None] = _print) -> int:
+    """Runs the named jobs (empty: all, in this process) over ``logdir``; returns the exit status."""
+    cluster.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
+    if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    names = check_jobs(root, jobs)
+    check_logdir(logdir)
+    log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
+    log(f"trainer: watch it with: tensorboard --logdir={logdir}")
+    checkpoint_jobs: list[CheckpointJob] = []
+    try:
+        for name in names:
+            kind, _, dataset = name.partition("_")
+            if kind in JOB_KINDS:
+                checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log))
+        if "trainer" in names:
+            _train(root, logdir, checkpoint_jobs, log)
+        else:
+            run_until_finished(checkpoint_jobs, log=log)
+    finally:
+        for job in checkpoint_jobs:
+            job.close()
+    return 0
+
+
+def _train(
+    root: Params, logdir: str, checkpoint_jobs: list[CheckpointJob], log: Callable[[str], None]
+) -> None:
+    def after_save(step: int) -> None:
+        del step
+        for job in checkpoint_jobs:
+            job.run_pending()
+
+    with TrainLoop(root, logdir, log=log, after_save=after_save if checkpoint_jobs else None) as loop:
+        after_save(loop.step)  # catch up on what an interrupted run left unprocessed
+        step = loop.run()
+    after_save(step)
+    log(f"trainer: done at step {step}; logdir {logdir}")

@@ -1,0 +1,221 @@
+"""The controller and the trainer: one loop in one process.
+
+In TensorFlow 2 there is no shared session for a separate controller to read the trainer's variables
+from, so the loop that runs the compiled steps is also the one that owns the logdir: it holds
+``train/LOCK``, writes ``params.txt`` and ``model_analysis.txt``, restores the latest checkpoint,
+writes train summaries, prints progress, and saves checkpoints.
+
+The host wakes up only at events: the next multiple of ``log_interval_steps``,
+``summary_interval_steps`` or ``save_interval_steps``, ``max_steps``, or about a second of work (so
+``save_interval_seconds`` is honoured); in between, the steps run inside one ``tf.function`` call.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from params import experiment
+from params.errors import UserError
+from params.hyperparams import Params
+from trainer import files, model_analysis, progress
+from trainer.checkpointer import Checkpointer
+from trainer.lock import TrainerLock
+from trainer.summaries import SummaryWriter
+from trainer.train_step import TrainStep
+
+MAX_SECONDS_PER_CALL = 1.0  # wall time of one compiled call, so time-based saves are not late
+MAX_STEPS_PER_CALL = 1000
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+class TrainLoop:
+    """Controller + trainer. ``with TrainLoop(root, logdir) as loop: loop.run()``."""
+
+    def __init__(
+        self,
+        root: Params,
+        logdir: str,
+        *,
+        log: Callable[[str], None] = _print,
+        after_save: Callable[[int], None] | None = None,
+    ) -> None:
+        """``after_save(step)`` runs after each checkpoint (the in-process evalers and decoders)."""
+        self.root = root
+        self.logdir = logdir
+        self.train_dir = files.join(logdir, "train")
+        self._log = log
+        self._after_save = after_save
+        self.task_params = experiment.task_params_for(root, "train")
+        self.train = self.task_params.train
+        self._lock = TrainerLock(self.train_dir, log=log)
+        self._writer: SummaryWriter | None = None
+        self.step_fn: TrainStep | None = None
+        self.checkpointer: Checkpointer | None = None
+        self._steps_per_call = 1  # grows to about MAX_SECONDS_PER_CALL of work once speed is known
+
+    # ------------------------------------------------------------------------------------ set-up
+    def __enter__(self) -> TrainLoop:
+        try:
+            tf.io.gfile.makedirs(self.train_dir)
+        except (tf.errors.OpError, OSError) as e:
+            raise UserError(f"cannot create {self.train_dir}: {files.reason(e)}") from None
+        self._lock.acquire()
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _setup(self) -> None:
+        params_path = files.join(self.logdir, "params.txt")
+        params_text = self.root.to_text()
+        params_changed = files.read_text(params_path) != params_text
+        files.write_text_atomic(params_path, params_text)
+        self._writer = SummaryWriter(self.train_dir)
+        self.step_fn = TrainStep(self.task_params, self.root.input.train)
+        self.checkpointer = Checkpointer(
+            self.train_dir,
+            self.train.save_max_to_keep,
+            task=self.step_fn.task,
+            learner=self.step_fn.learner,
+            global_step=self.step_fn.global_step,
+            iterator=self.step_fn.iterator,
+        )
+        path = self.checkpointer.restore_latest()
+        self.step = int(self.step_fn.global_step.numpy())
+        if path:
+            self._log(f"trainer: resumed from {path} at step {self.step}")
+        files.write_text_atomic(
+            files.join(self.logdir, "model_analysis.txt"),
+            model_analysis.model_analysis(self.step_fn.task, self.step_fn.learner),
+        )
+        if params_changed or self.step == 0:  # once per run, again if a resumed run changed them
+            self._writer.text(self.step, "params", params_text)
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._lock.release()
+
+    # ------------------------------------------------------------------------------------- loop
+    def _next_stop(self, step: int, until: int, per_call: int) -> int:
+        stop = min(until, step + per_call)
+        p = self.train
+        for interval in (p.log_interval_steps, p.summary_interval_steps, p.save_interval_steps):
+            if interval > 0:
+                stop = min(stop, (step // interval + 1) * interval)
+        return stop
+
+    def run(self, until_step: int | None = None) -> int:
+        """Trains to ``until_step`` (default: max_steps); saves at max_steps. Returns the step."""
+        if self.step_fn is None or self.checkpointer is None:
+            raise RuntimeError("TrainLoop.run: use the TrainLoop as a context manager")
+        p = self.train
+        max_steps = int(p.max_steps)
+        until = max_steps if until_step is None else min(until_step, max_steps)
+        summary_rate, log_rate = _Rate(self.step), _Rate(self.step)
+        last_save_time = time.perf_counter()
+        while self.step < until:
+            stop = self._next_stop(self.step, until, self._steps_per_call)
+            start = time.perf_counter()
+            finite, outputs = self._run_chunk(stop - self.step)
+            if not bool(finite.numpy()):
+                self._diverged(outputs)
+            steps_per_sec = (stop - self.step) / max(time.perf_counter() - start, 1e-6)
+            self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, int(steps_per_sec * MAX_SECONDS_PER_CALL)))
+            self.step = stop
+            if self._due(p.summary_interval_steps):
+                self._write_summaries(outputs, summary_rate.mark(self.step))
+            if self._due(p.log_interval_steps):
+                rate = log_rate.mark(self.step)
+                loss = float(outputs["task"]["loss"].numpy())
+                batch_size = self.step_fn.batch_size
+                self._log(progress.progress_line(self.step, max_steps, loss, rate, rate * batch_size))
+            now = time.perf_counter()
+            by_time = p.save_interval_seconds > 0 and now - last_save_time >= p.save_interval_seconds
+            if self._due(p.save_interval_steps) or by_time or self.step == max_steps:
+                paused = self.save()  # in-process evaluation does not count against training speed
+                summary_rate.pause(paused)
+                log_rate.pause(paused)
+                last_save_time = time.perf_counter()
+        if self.step >= max_steps and self.checkpointer.latest_step != self.step:
+            self.save()
+        return self.step
+
+    def _write_summaries(self, outputs: dict, steps_per_sec: float) -> None:
+        values = {
+            name: float(v.numpy()) for group in ("task", "learner") for name, v in outputs[group].items()
+        }
+        values.update(steps_per_sec=steps_per_sec, examples_per_sec=steps_per_sec * self.step_fn.batch_size)
+        self._writer.scalars(self.step, values)
+
+    def _due(self, interval: int) -> bool:
+        return interval > 0 and self.step % interval == 0
+
+    def _run_chunk(self, num_steps: int):
+        try:
+            return self.step_fn.run(num_steps)
+        except tf.errors.OutOfRangeError:
+            step = int(self.step_fn.global_step.numpy())
+            raise UserError(
+                f"input.train ran out of examples at step {step} before task.train.max_steps "
+                f"({self.train.max_steps}); set input.train.repeat : True"
+            ) from None
+        except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
+            raise UserError(f"input.train: {files.reason(e)}") from None
+
+    def _diverged(self, outputs: dict) -> None:
+        step = int(self.step_fn.global_step.numpy())
+        loss = float(outputs["task"]["loss"].numpy())
+        kept = self.checkpointer.latest_path
+        raise UserError(
+            f"training diverged: the loss is {loss} at step {step}; stopped without saving "
+            f"(last checkpoint: {kept or 'none'})"
+        )
+
+    def save(self) -> float:
+        """Saves ``ckpt-<step>`` unless a weight is NaN/Inf, flushes summaries, runs ``after_save``.
+
+        Returns the seconds spent in ``after_save``."""
+        if not bool(self.step_fn.weights_finite().numpy()):
+            raise UserError(
+                f"training diverged: a weight is NaN or Inf at step {self.step}; stopped without saving "
+                f"(last checkpoint: {self.checkpointer.latest_path or 'none'})"
+            )
+        path = self.checkpointer.save(self.step)
+        self._writer.flush()
+        self._log(f"trainer: saved {path}")
+        if self._after_save is None:
+            return 0.0
+        start = time.perf_counter()
+        self._after_save(self.step)
+        return time.perf_counter() - start
+
+
+class _Rate:
+    """Steps per second between marks, not counting declared pauses."""
+
+    def __init__(self, step: int) -> None:
+        self._step, self._time = step, time.perf_counter()
+
+    def mark(self, step: int) -> float:
+        now = time.perf_counter()
+        rate = (step - self._step) / max(now - self._time, 1e-9)
+        self._step, self._time = step, now
+        return rate
+
+    def pause(self, seconds: float) -> None:
+        self._time += seconds

@@ -1,0 +1,121 @@
+"""The compiled training step, and a loop of them in one ``tf.function`` call.
+
+One step: next batch from the train iterator; ``ctx = FPropContext(training=True, step=global_step,
+seed=task.params.random_seed)``; ``metrics = task.fprop(ctx, batch)``; gradients of ``metrics['loss']``;
+``learner.apply_gradients``; ``ctx.apply_updates()`` (batch-norm statistics); ``global_step += 1``.
+
+``run(n)`` runs up to ``n`` steps inside one ``tf.function`` call (a ``tf.while_loop``), so the Python
+cost of a call is paid once per ``n`` steps; the host only looks at the results at the end of the call.
+A step whose loss is NaN or Inf changes nothing (no update, no step increment) and ends the loop, so
+the weights stay those of the last good step and the caller can refuse to save them.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from layers.base_layer import FPropContext
+from params.errors import ConfigError
+from params.hyperparams import Params
+from tasks.learner import Learner
+from trainer import tracing
+
+# Names the trainer writes next to the task's metrics in train summaries.
+RESERVED_SUMMARY_NAMES = ("steps_per_sec", "examples_per_sec")
+
+
+class TrainStep:
+    """The task, its learner, the global step and the train input iterator, and the compiled step."""
+
+    def __init__(self, task_params: Params, input_params: Params) -> None:
+        self.task = task_params.instantiate()
+        self.input = input_params.instantiate()
+        self.iterator = iter(self.input.dataset())
+        with tf.init_scope():
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self._variables = list(self.task.trainable_variables)
+        if not self._variables:
+            raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
+        self.learner = Learner(task_params.train, self._variables)
+        self._seed = self.task.params.random_seed
+        self._zero_outputs = self._output_zeros()
+        self._run = tf.function(self._run_steps)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input.params.batch_size)
+
+    def run(self, num_steps: int) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        """Runs up to ``num_steps`` steps; returns (all losses finite, outputs of the last step run).
+
+        Outputs are ``{'task': {metric: value}, 'learner': {name: value}}`` scalars, not fetched.
+        """
+        with tracing.user_errors():
+            return self._run(tf.constant(num_steps, tf.int32))
+
+    # ----------------------------------------------------------------------------------- the step
+    def _forward_backward(self) -> tuple[tf.Tensor, list, FPropContext, dict[str, tf.Tensor]]:
+        batch = next(self.iterator)
+        step = self.global_step.read_value()
+        ctx = FPropContext(training=True, step=step, seed=self._seed)
+        with tf.GradientTape() as tape:
+            metrics = self.task.fprop(ctx, batch)
+            if "loss" not in metrics:
+                raise ConfigError(f"{type(self.task).__name__}.compute_loss must return a 'loss' entry")
+            loss = metrics["loss"][0]
+        grads = tape.gradient(loss, self._variables)
+        values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, (value, _) in metrics.items()}
+        return loss, grads, ctx, values
+
+    def _apply(self, grads: list, ctx: FPropContext) -> dict[str, tf.Tensor]:
+        step = self.global_step.read_value()
+        out = self.learner.apply_gradients(zip(grads, self._variables), step)
+        ctx.apply_updates()
+        self.global_step.assign_add(1)
+        return {name: tf.cast(tf.reshape(value, []), tf.float32) for name, value in out.items()}
+
+    def _output_zeros(self) -> dict[str, dict[str, tf.Tensor]]:
+        """Zeros shaped like one step's outputs (the loop's initial value and a skipped step's result),
+        from a trace of the step that is never run."""
+
+        def probe() -> dict[str, dict[str, tf.Tensor]]:
+            _, grads, ctx, values = self._forward_backward()
+            return {"task": values, "learner": self._apply(grads, ctx)}
+
+        with tracing.user_errors():
+            spec = tf.function(probe).get_concrete_function().structured_outputs
+        clash = set(spec["task"]) & (set(spec["learner"]) | set(RESERVED_SUMMARY_NAMES))
+        if clash:
+            raise ConfigError(
+                f"{type(self.task).__name__}: metric name(s) {sorted(clash)} clash with the trainer's "
+                "own summaries"
+            )
+        return tf.nest.map_structure(lambda t: tf.zeros([], t.dtype), spec)
+
+    def _guarded_step(self) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        loss, grads, ctx, values = self._forward_backward()
+        finite = tf.reduce_all(tf.math.is_finite(loss))
+        learner_out = tf.cond(
+            finite, lambda: self._apply(grads, ctx), lambda: dict(self._zero_outputs["learner"])
+        )
+        return finite, {"task": values, "learner": learner_out}
+
+    def _run_steps(self, num_steps: tf.Tensor) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        def cond(i, finite, outputs):
+            return tf.logical_and(i < num_steps, finite)
+
+        def body(i, finite, outputs):
+            finite, outputs = self._guarded_step()
+            return i + 1, finite, outputs
+
+        _, finite, outputs = tf.while_loop(
+            cond, body, (tf.constant(0), tf.constant(True), self._zero_outputs), parallel_iterations=1
+        )
+        return finite, outputs
+
+    # ---------------------------------------------------------------------------------- checks
+    @tf.function
+    def weights_finite(self) -> tf.Tensor:
+        """Whether every float variable of the task is finite (checked before each save)."""
+        checks = [tf.reduce_all(tf.math.is_finite(v)) for v in self.task.variables if v.dtype.is_floating]
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
