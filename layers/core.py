@@ -63,7 +63,7 @@ class ProjectionLayer(BaseLayer):
     def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         x = checks.float_input(self, x)
         checks.last_dim(self, x, self._input_dim, "input_dim")
-        y = tf.einsum("...i,io->...o", x, self.vars["w"])
+        y = tf.tensordot(x, self.vars["w"], 1)  # einsum's CPU backward is ~40x slower here
         if self.params.has_bias:
             y += self.vars["b"]
         return self._act(y)
@@ -238,7 +238,7 @@ class SoftmaxLayer(BaseLayer):
         """Logits ``x @ w + b`` of shape ``x.shape[:-1] + [num_classes]``."""
         x = checks.float_input(self, x)
         checks.last_dim(self, x, self._input_dim, "input_dim")
-        return tf.einsum("...i,ic->...c", x, self.vars["w"]) + self.vars["b"]
+        return tf.tensordot(x, self.vars["w"], 1) + self.vars["b"]
 
     def fprop(
         self, ctx: FPropContext, x: tf.Tensor, labels: tf.Tensor, weights: tf.Tensor | None = None
