@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from layers import gpipe
 from layers.base_layer import BaseLayer, FPropContext
 from params.hyperparams import InstantiableParams, Params
 from tasks import learner
@@ -95,6 +96,10 @@ class BaseTask(BaseLayer):
 
     def decode(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         raise NotImplementedError(f"{type(self).__name__}.decode")
+
+    def model_analysis(self) -> str:
+        """Extra text for ``model_analysis.txt``: by default the partition report of each pipeline."""
+        return gpipe.partition_reports(self)
 
     def create_decoder_metrics(self) -> dict[str, DecoderMetric]:
         return {}

@@ -11,9 +11,10 @@ from layers.core import (
     PoolingLayer,
     ProjectionLayer,
 )
+from layers.gpipe import GPipeLayer
 from params import registry
 from params.errors import ConfigError
-from params.experiment import Experiment
+from params.experiment import Experiment, cluster_params
 from params.hyperparams import Params
 from tasks.image.input import DigitsInput
 from tasks.image.model import ImageClassifierTask
@@ -118,3 +119,42 @@ class ConvNet(Experiment):
 
     def test(self) -> Params:
         return self._input("test")
+
+
+@registry.register
+class GPipeConvNet(ConvNet):
+    """The default ConvNet pipelined: its layers cut into 2 stages on 2 devices, 4 micro-batches.
+
+    Same model, data and learner as ConvNet (so the same accuracy); the host CPU is split into
+    ``num_stages`` logical devices. Evaluation and decoding batches (270 examples, a last partial one)
+    run unsplit: ``input.dev.task_overrides`` sets the pipeline's num_micro_batches to 1 there.
+    """
+
+    def __init__(
+        self, num_stages: int = 2, num_micro_batches: int = 4, remat: str = "always", **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_stages = num_stages
+        self.num_micro_batches = num_micro_batches
+        self.remat = remat
+
+    def task(self) -> Params:
+        p = super().task()
+        height, width, channels = DigitsInput.IMAGE_SHAPE
+        pipeline = GPipeLayer.Params().set(
+            name="pipeline",
+            layers=p.body.sub,
+            num_stages=self.num_stages,
+            partition_method="flops",
+            input_shape=[None, height, width, channels],
+            num_micro_batches=self.num_micro_batches,
+            remat=self.remat,
+        )
+        p.body.sub = [pipeline]
+        return p
+
+    def cluster(self) -> Params:
+        return cluster_params().set(num_logical_cpu_devices=self.num_stages)
+
+    def task_overrides(self, dataset: str) -> dict:
+        return {} if dataset == "train" else {"body.sub[0].num_micro_batches": 1}
