@@ -1,0 +1,601 @@
+"""GPipe: a sequence of layers cut into K stages on K devices, fed M micro-batches as a pipeline.
+
+Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the fill-drain order inside
+the caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
+oneDNN ones, 4x slower): at clock t stage k runs micro-batch t - k, with its ops placed on
+``devices[k]``, so TensorFlow's executor overlaps the stages. Each stage takes micro-batch m + 1 only
+after m (forward), and in the backward pass runs m only after m + 1, so a stage never holds two
+micro-batches' activations at once.
+
+Re-materialization. Each (stage, micro-batch) is one ``tf.custom_gradient`` op. With remat it keeps
+only its input: the backward pass recomputes the stage's forward (with ``record_updates=False`` and the
+same randomness keys, so it equals the first forward), starting only when the output gradient
+arrives. The per-micro-batch weight gradients are summed as they come (one running sum per weight
+rather than M gradients alive at once) and handed to the tape by the stage's last backward: the
+update equals the unpipelined one for any K and M.
+
+Deferred batch norm. Layers see ``ctx.for_micro_batch(m)``: batch norm normalizes each micro-batch by
+its own statistics and records them (weighted by element count) in the first forward only; the step
+owner merges them once per step with ``ctx.apply_updates()``, which gives the full batch's statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from layers import checks, partition
+from layers.base_layer import BaseLayer, FPropContext
+from params.errors import ConfigError
+from params.hyperparams import InstantiableParams, Params
+
+REMAT_POLICIES = ("always", "except_last", "never")
+
+StageFn = Callable[[FPropContext, Any], Any]
+
+
+class GPipeLayer(BaseLayer):
+    """Runs ``layers`` (or ``stages``) as a K-stage, M-micro-batch pipeline: ``fprop(ctx, x) -> y``."""
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define(
+            "layers",
+            [],
+            "The sequence: layer Params applied in order (each fprop(ctx, x) -> x), cut into stages by "
+            "split_points or num_stages + partition_method. Children are named by their name or layer_<i>.",
+        )
+        p.define(
+            "stages",
+            [],
+            "Instead of layers: one layer Params per stage (e.g. a SequentialLayer); no partitioning.",
+        )
+        p.define("num_stages", 0, "K, the number of stages (0: len(split_points) + 1, or len(stages)).")
+        p.define(
+            "partition_method",
+            "uniform",
+            "How layers are cut: uniform (equal layer counts), params (balanced parameter bytes), "
+            "flops (balanced FLOPs, traced on input_shape), measured (balanced forward+backward time "
+            "on input_shape). The cut minimizes the most expensive stage.",
+        )
+        p.define(
+            "split_points",
+            [],
+            "Explicit cut: index of the first layer of stages 1..K-1 (replaces partition_method).",
+        )
+        p.define(
+            "input_shape",
+            None,
+            "Shape of one input batch, e.g. [32, 784] (None for the batch dimension is allowed): needed "
+            "by partition_method flops and measured; when set the partition report shows FLOPs.",
+        )
+        p.define("input_dtype", "float32", "dtype of the input described by input_shape.")
+        p.define("num_micro_batches", 1, "M: each mini-batch is split into M micro-batches.")
+        p.define("micro_batch_size", 0, "Instead of num_micro_batches: examples per micro-batch (0: unused).")
+        p.define("batch_dim", 0, "The batch dimension of every input and output tensor.")
+        p.define(
+            "devices",
+            [],
+            "One device per stage. Empty: the GPUs if there are K, else /device:CPU:0..K-1 (split the CPU "
+            "with cluster.num_logical_cpu_devices); with one stage, the caller's device.",
+        )
+        p.define(
+            "remat",
+            "except_last",
+            "Re-materialization: always (keep only stage inputs; recompute each stage in the backward "
+            "pass), except_last (all micro-batches but the last, whose backward follows its forward at "
+            "once), never (keep every activation; fastest, most memory).",
+        )
+        return p
+
+    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
+        super().__init__(params, parent)
+        self._remat = checks.one_of(self, "remat", REMAT_POLICIES)
+        method = checks.one_of(self, "partition_method", partition.METHODS)
+        self._batch_dim = _non_negative_int(self, "batch_dim")
+        self._num_micro_batches = checks.positive_int(self, "num_micro_batches")
+        self._micro_batch_size = _non_negative_int(self, "micro_batch_size")
+        if self._micro_batch_size and self._num_micro_batches != 1:
+            raise ConfigError(
+                f"{self.path}: set num_micro_batches ({self._num_micro_batches}) or micro_batch_size "
+                f"({self._micro_batch_size}), not both"
+            )
+        layers, stages = _layer_params_list(self, "layers"), _layer_params_list(self, "stages")
+        if bool(layers) == bool(stages):
+            raise ConfigError(f"{self.path}: set exactly one of params.layers and params.stages")
+        num_stages = _non_negative_int(self, "num_stages")
+        if stages:
+            self._init_stages(stages, num_stages)
+        else:
+            self._init_layers(layers, num_stages, method)
+        self._report = self._make_report(method)
+        logging.info("%s", self._report)
+
+    # ---------------------------------------------------------------------------------- building
+    def _init_stages(self, stages: list[Params], num_stages: int) -> None:
+        if num_stages not in (0, len(stages)):
+            raise ConfigError(f"{self.path}: num_stages={num_stages} but params.stages has {len(stages)}")
+        if self.params.split_points:
+            raise ConfigError(
+                f"{self.path}: split_points cut params.layers; leave it empty with params.stages"
+            )
+        self._costs: dict[str, list[float]] = {}
+        self._bounds = list(range(len(stages) + 1))
+        self._devices = self._resolve_devices(len(stages))
+        self._layers = self._build(stages, self._devices, "stage")
+        self._add_report_costs()
+
+    def _init_layers(self, layers: list[Params], num_stages: int, method: str) -> None:
+        n = len(layers)
+        split_points = list(self.params.split_points)
+        if split_points and num_stages not in (0, len(split_points) + 1):
+            raise ConfigError(
+                f"{self.path}: num_stages={num_stages} but split_points {split_points} make "
+                f"{len(split_points) + 1} stages"
+            )
+        k = num_stages or len(split_points) + 1
+        if k > n:
+            raise ConfigError(
+                f"{self.path}: num_stages={k} but there are only {n} layers; each stage needs at least "
+                f"one layer, so use num_stages <= {n}"
+            )
+        self._costs = {}
+        if split_points:
+            self._bounds = self._checked(partition.bounds_from_split_points, split_points, n)
+        elif method == "uniform" or k == 1:
+            self._bounds = partition.uniform_bounds(n, k)
+        else:
+            # Cost estimates need built layers; these are dropped and rebuilt on their stage's device
+            # (initialization is stateless, so the weights come out the same).
+            costs = self._estimate(method, self._build(layers, [None] * n, "layer", attach=False))
+            self._bounds = self._checked(partition.balanced_bounds, costs, k)
+        self._devices = self._resolve_devices(k)
+        stage_of = [s for s in range(k) for _ in range(self._bounds[s], self._bounds[s + 1])]
+        self._layers = self._build(layers, [self._devices[s] for s in stage_of], "layer")
+        self._add_report_costs()
+
+    def _checked(self, fn: Callable[..., list[int]], *args: Any) -> list[int]:
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
+
+    def _add_report_costs(self) -> None:
+        if "param_bytes" not in self._costs:
+            self._costs["param_bytes"] = [float(partition.parameter_bytes(x)) for x in self._layers]
+        if "flops" not in self._costs and self.params.input_shape is not None:
+            self._costs["flops"] = [float(f) for f in partition.traced_flops(self._layers, self._spec())]
+
+    def _build(
+        self, params_list: list[Params], devices: list[str | None], prefix: str, attach: bool = True
+    ) -> list[BaseLayer]:
+        built = []
+        for i, (params, device) in enumerate(zip(params_list, devices)):
+            name = params.name or f"{prefix}_{i}"
+            with _on(device):
+                if attach:
+                    built.append(self.create_child(name, params))
+                else:
+                    q = params.copy()
+                    q.name = name
+                    built.append(q.cls(q, parent=self))
+        return built
+
+    def _spec(self) -> tf.TensorSpec:
+        return self._checked(partition.input_spec, list(self.params.input_shape), self.params.input_dtype)
+
+    def _estimate(self, method: str, layers: list[BaseLayer]) -> list[float]:
+        if method == "params":
+            self._costs["param_bytes"] = [float(partition.parameter_bytes(x)) for x in layers]
+            return self._costs["param_bytes"]
+        if self.params.input_shape is None:
+            raise ConfigError(
+                f"{self.path}: partition_method={method!r} needs params.input_shape (the shape of one "
+                "input batch, e.g. [32, 784])"
+            )
+        self._costs["flops"] = [float(f) for f in partition.traced_flops(layers, self._spec())]
+        if method == "flops":
+            return self._costs["flops"]
+        self._costs["seconds"] = partition.measured_seconds(layers, self._spec())
+        return self._costs["seconds"]
+
+    def _resolve_devices(self, k: int) -> list[str | None]:
+        explicit = list(self.params.devices)
+        if explicit:
+            if len(explicit) != k:
+                raise ConfigError(
+                    f"{self.path}: params.devices lists {len(explicit)} devices for {k} stages; "
+                    "give one device per stage"
+                )
+            return explicit
+        if k == 1:
+            return [None]
+        gpus = tf.config.list_logical_devices("GPU")
+        if len(gpus) >= k:
+            return [_short_device(d.name) for d in gpus[:k]]
+        cpus = tf.config.list_logical_devices("CPU")
+        if len(cpus) >= k:
+            return [_short_device(d.name) for d in cpus[:k]]
+        raise ConfigError(
+            f"{self.path}: {k} pipeline stages need {k} devices but there are {len(cpus)} logical CPU "
+            f"devices and {len(gpus)} GPUs; set cluster.num_logical_cpu_devices={k} (or params.devices)"
+        )
+
+    def _make_report(self, method: str) -> str:
+        k = self.num_stages
+        how = "stages given" if self.params.stages else (
+            "split_points" if self.params.split_points else f"partition_method={method}"
+        )  # fmt: skip
+        micro = (
+            f"micro_batch_size={self._micro_batch_size}"
+            if self._micro_batch_size
+            else f"{self._num_micro_batches} micro-batches"
+        )
+        title = (
+            f"GPipe {self.path}: {len(self._layers)} layers in {k} stages ({how}), {micro}, "
+            f"remat={self._remat}"
+        )
+        num_params = [x.num_parameters() for x in self._layers]
+        names = [x.params.name for x in self._layers]
+        return partition.format_report(title, names, self._bounds, self._devices, num_params, self._costs)
+
+    # --------------------------------------------------------------------------------- inspection
+    @property
+    def num_stages(self) -> int:
+        return len(self._bounds) - 1
+
+    @property
+    def devices(self) -> list[str | None]:
+        """The device of each stage (None: the caller's device)."""
+        return list(self._devices)
+
+    @property
+    def stage_bounds(self) -> list[int]:
+        """``[0, b1, ..., n]``: stage k runs layers ``bounds[k]:bounds[k+1]``."""
+        return list(self._bounds)
+
+    def stage_layers(self, k: int) -> list[BaseLayer]:
+        return self._layers[self._bounds[k] : self._bounds[k + 1]]
+
+    def partition_report(self) -> str:
+        """The cut as text: each stage's device, layers, parameters and estimated cost."""
+        return self._report
+
+    # ------------------------------------------------------------------------------------- fprop
+    def _stage_fn(self, k: int) -> StageFn:
+        layers = self.stage_layers(k)
+
+        def run(ctx: FPropContext, x: Any) -> Any:
+            for layer in layers:
+                x = layer(ctx, x)
+            return x
+
+        return run
+
+    def num_micro_batches_for(self, batch_size: int) -> int:
+        """M for a training batch of ``batch_size`` examples (ConfigError unless M divides it)."""
+        if self._micro_batch_size:
+            m, rest = divmod(batch_size, self._micro_batch_size)
+            if rest or m == 0:
+                raise ConfigError(
+                    f"{self.path}: micro_batch_size={self._micro_batch_size} does not divide the batch "
+                    f"size {batch_size}; use a batch size that is a multiple of it"
+                )
+            return m
+        m = self._num_micro_batches
+        if batch_size % m:
+            raise ConfigError(
+                f"{self.path}: num_micro_batches={m} does not divide the batch size {batch_size}; use a "
+                f"batch size that is a multiple of {m} or another num_micro_batches"
+            )
+        return m
+
+    def fprop(self, ctx: FPropContext, x: Any) -> Any:
+        """Runs the pipeline on the mini-batch ``x`` (a tensor or a nest of them, split along
+        batch_dim); returns the micro-batch outputs concatenated along batch_dim."""
+        flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
+        if not flat:
+            raise ConfigError(f"{self.path}: fprop needs at least one input tensor")
+        for i, t in enumerate(flat):
+            if t.shape.rank is not None and t.shape.rank <= self._batch_dim:
+                raise ConfigError(
+                    f"{self.path}: input {i} has shape {t.shape}, which has no batch_dim={self._batch_dim}"
+                )
+        if not ctx.training and self.num_stages == 1:
+            return self._stage_fn(0)(ctx, x)
+        with _on(self._devices[0]):
+            micro = self._split(flat, ctx.training)
+        outputs, structure = self._run_schedule(ctx, micro, x)
+        with _on(self._devices[-1]):
+            return tf.nest.pack_sequence_as(structure, self._join(outputs))
+
+    def _run_schedule(self, ctx: FPropContext, micro: list[list[tf.Tensor]], structure: Any) -> tuple:
+        """The fill-drain order: at clock t, stage k runs micro-batch t - k on ``devices[k]``."""
+        k_stages, m_count = self.num_stages, len(micro)
+        remat = [
+            self._remat == "always" or (self._remat == "except_last" and m < m_count - 1)
+            for m in range(m_count)
+        ]
+        # An unpipelined step without remat needs no custom gradient: the plain layers are cheaper.
+        custom = ctx.training and (k_stages > 1 or m_count > 1 or any(remat))
+        state = _BackwardState(m_count)
+        current = list(micro)
+        structures = [structure] * m_count
+        previous: list[list[tf.Tensor] | None] = [None] * k_stages
+        for t in range(m_count + k_stages - 1):
+            for k in range(max(0, t - m_count + 1), min(k_stages, t + 1)):
+                m = t - k
+                with _on(self._devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
+                    xs = current[m] if previous[k] is None else _after(current[m], previous[k])
+                    if custom:
+                        call = _StageCall(self._stage_fn(k), ctx, m, k, self._devices[k], remat[m], state)
+                        ys, structures[m] = call(xs, structures[m])
+                    else:
+                        y = self._stage_fn(k)(
+                            ctx.for_micro_batch(m), tf.nest.pack_sequence_as(structures[m], xs)
+                        )
+                        ys, structures[m] = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)], y
+                current[m] = previous[k] = ys
+        return current, structures[0]
+
+    def _join(self, outputs: list[list[tf.Tensor]]) -> list[tf.Tensor]:
+        if len(outputs) == 1:
+            return outputs[0]
+        joined = []
+        for i, leaf in enumerate(outputs[0]):
+            if leaf.shape.rank is not None and leaf.shape.rank <= self._batch_dim:
+                raise ConfigError(
+                    f"{self.path}: output {i} has shape {leaf.shape}, which has no batch_dim="
+                    f"{self._batch_dim} to concatenate micro-batches along"
+                )
+            joined.append(tf.concat([out[i] for out in outputs], axis=self._batch_dim))
+        return joined
+
+    def _split(self, flat: list[tf.Tensor], training: bool) -> list[list[tf.Tensor]]:
+        """Micro-batch inputs ``[m][leaf]``. Training: M equal parts of a static batch. Inference: M
+        near-equal parts of any batch, even one of unknown size."""
+        bd = self._batch_dim
+        if training:
+            m_count = self.num_micro_batches_for(self._static_batch(flat))
+            parts = [tf.split(t, m_count, axis=bd) for t in flat] if m_count > 1 else [[t] for t in flat]
+            return [[p[m] for p in parts] for m in range(m_count)]
+        size = flat[0].shape[bd]
+        if not self._micro_batch_size:
+            m_count = self._num_micro_batches
+        else:
+            m_count = 1 if size is None else max(1, -(-int(size) // self._micro_batch_size))
+        if m_count == 1:
+            return [list(flat)]
+        total = tf.shape(flat[0])[bd] if size is None else int(size)
+        sizes = [(total + m_count - 1 - m) // m_count for m in range(m_count)]
+        sizes = tf.stack(sizes) if size is None else sizes
+        parts = [tf.split(t, sizes, axis=bd, num=m_count) for t in flat]
+        return [[p[m] for p in parts] for m in range(m_count)]
+
+    def _static_batch(self, flat: list[tf.Tensor]) -> int:
+        sizes = set()
+        for i, t in enumerate(flat):
+            size = t.shape[self._batch_dim] if t.shape.rank is not None else None
+            if size is None:
+                raise ConfigError(
+                    f"{self.path}: the batch dimension (batch_dim={self._batch_dim}) of input {i} is unknown "
+                    f"when the step is traced (shape {t.shape}); GPipe needs a static batch size: batch the "
+                    "input with drop_remainder=True or trace with a fully defined input_signature"
+                )
+            sizes.add(int(size))
+        if len(sizes) > 1:
+            raise ConfigError(f"{self.path}: inputs have different batch sizes {sorted(sizes)}")
+        return sizes.pop()
+
+
+# ------------------------------------------------------------------------------------ the stage op
+class _BackwardState:
+    """What the backward passes of one fprop's stages share.
+
+    The tape calls a stage's gradient functions once per micro-batch, m = M-1 down to 0 (the
+    ordering op ``_after`` makes the tape wait): each adds its weight gradients to the stage's running
+    sums and the last one hands the sums to the tape, so one gradient per weight is alive rather than
+    M. Each backward also waits for the previous one of its stage (``wait_for``).
+    """
+
+    def __init__(self, num_micro_batches: int) -> None:
+        self._m = num_micro_batches
+        self._calls: dict[int, int] = {}
+        self._sums: dict[int, dict[Any, Any]] = {}
+        self._last: dict[int, list[tf.Tensor]] = {}
+
+    def wait_for(self, k: int) -> list[tf.Tensor]:
+        return list(self._last.get(k, []))
+
+    def add(
+        self, k: int, variables: list[tf.Variable], var_grads: list[Any], input_grads: list[Any]
+    ) -> list[Any]:
+        sums = self._sums.setdefault(k, {})
+        for v, g in zip(variables, var_grads):
+            if g is not None:
+                sums[v.ref()] = g if v.ref() not in sums else _add_grads(sums[v.ref()], g)
+        markers = [_dense_part(g) for g in sums.values()] or [g for g in input_grads if g is not None]
+        calls = self._calls.get(k, 0) + 1
+        if calls < self._m:
+            self._calls[k], self._last[k] = calls, markers
+            return [None] * len(variables)
+        self._calls[k], self._sums[k], self._last[k] = 0, {}, []
+        return [sums.get(v.ref()) for v in variables]
+
+
+class _StageCall:
+    """One (stage, micro-batch) as a custom-gradient op: forward now, backward when the tape asks."""
+
+    def __init__(
+        self,
+        fn: StageFn,
+        ctx: FPropContext,
+        m: int,
+        k: int,
+        device: str | None,
+        remat: bool,
+        state: _BackwardState,
+    ) -> None:
+        self._fn, self._ctx, self._m, self._k = fn, ctx, m, k
+        self._device, self._remat, self._state = device, remat, state
+
+    def __call__(self, xs: list[tf.Tensor], structure: Any) -> tuple[list[tf.Tensor], Any]:
+        box: dict[str, Any] = {}
+
+        @tf.custom_gradient
+        def stage(*args: tf.Tensor) -> Any:
+            args = list(args)
+            fwd_ctx = self._ctx.for_micro_batch(self._m)
+            if self._remat:
+                tape = None
+                y = self._fn(fwd_ctx, tf.nest.pack_sequence_as(structure, args))
+            else:
+                with tf.GradientTape(persistent=True) as tape:
+                    tape.watch([a for a in args if a.dtype.is_floating])
+                    y = self._fn(fwd_ctx, tf.nest.pack_sequence_as(structure, args))
+            ys = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)]
+            box["structure"] = y
+
+            def grad(*dys: tf.Tensor, variables: list[tf.Variable] | None = None) -> Any:
+                variables = list(variables or [])
+                dys = [tf.zeros_like(y) if d is None else d for y, d in zip(ys, dys)]
+                with _on(self._device), tf.name_scope(f"stage_{self._k}_micro_batch_{self._m}_grad"):
+                    if self._remat:
+                        grads = self._recompute_grads(args, dys, variables, structure)
+                    else:
+                        wait = self._state.wait_for(self._k)
+                        if wait:
+                            with tf.control_dependencies(wait):
+                                dys = [tf.identity(d) for d in dys]
+                        grads = _gradients(tape, ys, dys, args + variables)
+                    dxs, dvs = grads[: len(args)], grads[len(args) :]
+                    dvs = self._state.add(self._k, variables, dvs, dxs)
+                return (dxs, dvs) if variables else dxs
+
+            return ys, grad
+
+        ys = stage(*xs)
+        return list(ys), box["structure"]
+
+    def _recompute_grads(
+        self, args: list[tf.Tensor], dys: list[tf.Tensor], variables: list[tf.Variable], structure: Any
+    ) -> list[Any]:
+        # The zero depends on the output gradient (and on the previous backward of this stage): the
+        # recompute starts only then, and its ops differ from the forward's, so grappler cannot merge
+        # them back into one (which would keep the activations alive after all).
+        zero = _zero_after(dys, self._state.wait_for(self._k))
+        with tf.control_dependencies([zero]):
+            xs = [tf.identity(a) for a in args]
+        step = tf.cast(self._ctx.step, tf.int64) + tf.cast(zero, tf.int64)
+        ctx = dataclasses.replace(self._ctx.for_micro_batch(self._m, record_updates=False), step=step)
+        with tf.GradientTape() as tape:
+            tape.watch([x for x in xs if x.dtype.is_floating])
+            tape.watch(variables)
+            y = self._fn(ctx, tf.nest.pack_sequence_as(structure, xs))
+        ys = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)]
+        return _gradients(tape, ys, dys, xs + variables)
+
+
+def _gradients(tape: tf.GradientTape, ys: list[tf.Tensor], dys: list[tf.Tensor], sources: list[Any]) -> list:
+    pairs = [(y, d) for y, d in zip(ys, dys) if y.dtype.is_floating]
+    if not pairs:
+        return [None] * len(sources)
+    targets, grads = zip(*pairs)
+    return tape.gradient(list(targets), sources, output_gradients=list(grads))
+
+
+def _after(xs: list[tf.Tensor], deps: list[tf.Tensor]) -> list[tf.Tensor]:
+    """``xs``, available only once ``deps`` are. Gradients pass straight through to ``xs``; ``deps`` get
+    none, but the tape still finishes the ops that consume ``xs`` before those producing ``deps``."""
+    n = len(xs)
+
+    @tf.custom_gradient
+    def after(*args: tf.Tensor) -> Any:
+        with tf.control_dependencies(args[n:]):
+            out = [tf.identity(a) for a in args[:n]]
+
+        def grad(*dys: tf.Tensor) -> list:
+            return list(dys) + [None] * (len(args) - n)
+
+        return out, grad
+
+    return list(after(*xs, *deps))
+
+
+def _zero_after(tensors: list[tf.Tensor], deps: list[tf.Tensor]) -> tf.Tensor:
+    """A float32 zero computed from ``tensors[0]``'s data, after ``tensors`` and ``deps`` exist."""
+    with tf.control_dependencies(list(deps) + list(tensors[1:])):
+        elem = tf.reduce_max(tf.cast(tf.reshape(tensors[0], [-1])[:1], tf.float32))
+    return tf.where(tf.math.is_finite(elem), elem * 0.0, 0.0)
+
+
+def _add_grads(a: Any, b: Any) -> Any:
+    if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
+        a, b = (x if isinstance(x, tf.IndexedSlices) else _as_slices(x) for x in (a, b))
+        return tf.IndexedSlices(
+            tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape
+        )
+    return a + b
+
+
+def _as_slices(x: tf.Tensor) -> tf.IndexedSlices:
+    return tf.IndexedSlices(x, tf.range(tf.shape(x)[0]), tf.shape(x, out_type=tf.int64))
+
+
+def _dense_part(g: Any) -> tf.Tensor:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def _on(device: str | None) -> contextlib.AbstractContextManager:
+    """``tf.device(device)``, or nothing for None (the caller's device)."""
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _short_device(name: str) -> str:
+    return "/device:" + name.split("/device:")[-1]
+
+
+def _non_negative_int(layer: BaseLayer, name: str) -> int:
+    value = layer.params.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{layer.path}: params.{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _layer_params_list(layer: BaseLayer, name: str) -> list[Params]:
+    value = layer.params.get(name)
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{layer.path}: params.{name} must be a list of layer Params, got {value!r}")
+    for i, item in enumerate(value):
+        if not isinstance(item, InstantiableParams) or not (
+            isinstance(item.cls, type) and issubclass(item.cls, BaseLayer)
+        ):
+            raise ConfigError(f"{layer.path}: params.{name}[{i}] must be a layer's Params (Layer.Params())")
+    return list(value)
+
+
+def partition_reports(root: BaseLayer) -> str:
+    """The partition reports of every GPipeLayer under ``root`` (for a task's model analysis)."""
+    reports = []
+
+    def visit(layer: Any) -> None:
+        if isinstance(layer, (list, tuple)):
+            for item in layer:
+                visit(item)
+            return
+        if not isinstance(layer, BaseLayer):
+            return
+        if isinstance(layer, GPipeLayer):
+            reports.append(layer.partition_report())
+        for child in layer.children().values():
+            visit(child)
+
+    visit(root)
+    return "\n\n".join(reports)

@@ -1,0 +1,357 @@
+"""GPipeLayer is transparent: for any K stages, M micro-batches and remat policy, training gives the
+same loss, gradients and weights as the same layers run sequentially, dropout included; batch-norm
+moving statistics come out as the full batch's; re-materialization recomputes what it should."""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from layers import core, gpipe
+from layers.base_layer import BaseLayer, FPropContext
+from params.hyperparams import InstantiableParams
+
+BATCH, IN_DIM, OUT_DIM = 8, 6, 3
+TOL = 1e-5
+
+
+def _mlp(dropout: bool = True, depth: int = 4) -> list[InstantiableParams]:
+    """A tiny MLP: projections (tanh) with dropout between them, so every K in {1, 2, 4} can cut it."""
+    dims = [IN_DIM] + [5] * (depth - 1) + [OUT_DIM]
+    layers = []
+    for i in range(depth):
+        act = "tanh" if i < depth - 1 else "none"
+        layers.append(
+            core.ProjectionLayer.Params().set(
+                name=f"fc{i}", input_dim=dims[i], output_dim=dims[i + 1], activation=act
+            )
+        )
+        if dropout and i < depth - 1:
+            layers.append(core.DropoutLayer.Params().set(name=f"drop{i}", keep_prob=0.75))
+    return layers
+
+
+def _pipeline(layers, num_stages=1, num_micro_batches=1, remat="always", **kwargs) -> gpipe.GPipeLayer:
+    p = gpipe.GPipeLayer.Params().set(
+        name="net",
+        layers=layers,
+        num_stages=num_stages,
+        num_micro_batches=num_micro_batches,
+        remat=remat,
+        **kwargs,
+    )
+    return p.instantiate()
+
+
+def _sequential(layers) -> BaseLayer:
+    # Same root name and child names as the pipeline: same variable paths, so the same initial weights.
+    return core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
+
+
+def _data(seed=0, batch=BATCH):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, IN_DIM)).astype(np.float32)
+    y = rng.normal(size=(batch, OUT_DIM)).astype(np.float32)
+    return tf.constant(x), tf.constant(y)
+
+
+def _train(model, forward, steps=10, lr=0.1):
+    """SGD on a squared loss; returns (losses, first-step gradients, final weights) as NumPy."""
+    x, target = _data()
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(i):
+        ctx = FPropContext(training=True, step=i, seed=7)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(forward(model, ctx, x) - target))
+        grads = tape.gradient(loss, variables)
+        for v, g in zip(variables, grads):
+            v.assign_sub(lr * g)
+        ctx.apply_updates()
+        return loss, grads
+
+    losses, first_grads = [], None
+    for i in range(steps):
+        loss, grads = step(tf.constant(i))
+        losses.append(loss.numpy())
+        if first_grads is None:
+            first_grads = [g.numpy() for g in grads]
+    weights = {v.name: v.numpy() for v in model.variables}
+    return np.array(losses), first_grads, weights
+
+
+def _pipelined_forward(model, ctx, x):
+    return model(ctx, x)
+
+
+def _micro_batched_forward(num_micro_batches):
+    """The sequential model run micro-batch by micro-batch with the pipeline's randomness keys."""
+
+    def forward(model, ctx, x):
+        parts = tf.split(x, num_micro_batches)
+        return tf.concat([model(ctx.for_micro_batch(m), xm) for m, xm in enumerate(parts)], 0)
+
+    return forward
+
+
+@functools.cache
+def _reference(num_micro_batches: int, dropout: bool = True):
+    return _train(_sequential(_mlp(dropout)), _micro_batched_forward(num_micro_batches))
+
+
+def _assert_same_training(got, want):
+    losses, grads, weights = got
+    want_losses, want_grads, want_weights = want
+    assert np.max(np.abs(losses - want_losses)) <= TOL, (losses, want_losses)
+    assert len(grads) == len(want_grads)
+    for g, w in zip(grads, want_grads):
+        assert np.max(np.abs(g - w)) <= TOL
+    assert sorted(weights) == sorted(want_weights)
+    for name, value in weights.items():
+        assert np.max(np.abs(value - want_weights[name])) <= TOL, name
+    # The run must have learned something, or equality would prove little.
+    assert losses[-1] < losses[0]
+
+
+# A covering subset of K x M x remat (each value of each factor at least once); the full product is slow.
+FAST = [(1, 1, "never"), (2, 4, "always"), (4, 8, "except_last"), (2, 2, "never"), (4, 1, "always")]
+ALL = [(k, m, r) for k in (1, 2, 4) for m in (1, 2, 4, 8) for r in gpipe.REMAT_POLICIES]
+
+
+@pytest.mark.parametrize("k, m, remat", FAST)
+def test_training_equals_sequential_with_dropout(k, m, remat):
+    pipe = _pipeline(_mlp(), num_stages=k, num_micro_batches=m, remat=remat)
+    _assert_same_training(_train(pipe, _pipelined_forward), _reference(m))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k, m, remat", [c for c in ALL if c not in FAST])
+def test_training_equals_sequential_full_sweep(k, m, remat):
+    pipe = _pipeline(_mlp(), num_stages=k, num_micro_batches=m, remat=remat)
+    _assert_same_training(_train(pipe, _pipelined_forward), _reference(m))
+
+
+def test_without_dropout_equals_one_full_batch_pass():
+    """No randomness: the pipeline equals the plain model on the whole batch at once."""
+    pipe = _pipeline(_mlp(dropout=False), num_stages=2, num_micro_batches=4, remat="always")
+    want = _train(_sequential(_mlp(dropout=False)), lambda model, ctx, x: model(ctx, x))
+    _assert_same_training(_train(pipe, _pipelined_forward), want)
+
+
+def test_dropout_is_keyed_by_micro_batch():
+    """Different micro-batches draw different masks (so M changes the masks, as documented)."""
+    layers = [core.DropoutLayer.Params().set(name="drop", keep_prob=0.5)] * 1
+    pipe = _pipeline(layers, num_micro_batches=2, remat="never")
+    ctx = FPropContext(training=True, step=3)
+    y = pipe(ctx, tf.ones([4, 64])).numpy()
+    assert not np.array_equal(y[:2] == 0, y[2:] == 0)
+
+
+def test_stages_params_train_like_the_same_stages_run_sequentially():
+    layers = _mlp()
+    stages = [
+        core.SequentialLayer.Params().set(name="s0", sub=layers[:4]),
+        core.SequentialLayer.Params().set(name="s1", sub=layers[4:]),
+    ]
+    p = gpipe.GPipeLayer.Params().set(name="net", stages=stages, num_micro_batches=2, remat="except_last")
+    pipe = p.instantiate()
+    assert pipe.num_stages == 2 and pipe.devices == ["/device:CPU:0", "/device:CPU:1"]
+    want = _train(_sequential(stages), _micro_batched_forward(2))
+    _assert_same_training(_train(pipe, _pipelined_forward), want)
+
+
+def test_micro_batch_size_sets_the_number_of_micro_batches():
+    pipe = _pipeline(_mlp(), num_stages=2, num_micro_batches=1, micro_batch_size=2)
+    _assert_same_training(_train(pipe, _pipelined_forward, steps=10), _reference(4))
+
+
+# --------------------------------------------------------------------------------- placement
+def test_stages_and_their_weights_sit_on_their_devices():
+    pipe = _pipeline(_mlp(), num_stages=4)
+    assert pipe.devices == [f"/device:CPU:{k}" for k in range(4)]
+    assert pipe.stage_bounds == [0, 2, 4, 6, 7]
+    for k in range(4):
+        for layer in pipe.stage_layers(k):
+            for v in layer.variables:
+                assert v.device.endswith(f"device:CPU:{k}"), (layer.path, v.device)
+
+
+def test_explicit_devices_are_used():
+    pipe = _pipeline(_mlp(), num_stages=2, devices=["/device:CPU:3", "/device:CPU:1"])
+    assert pipe.devices == ["/device:CPU:3", "/device:CPU:1"]
+    assert pipe.stage_layers(0)[0].vars["w"].device.endswith("CPU:3")
+
+
+def test_one_stage_keeps_the_callers_device():
+    pipe = _pipeline(_mlp(), num_stages=1)
+    assert pipe.devices == [None]
+
+
+# ------------------------------------------------------------------------------------ remat
+class _CountingLayer(BaseLayer):
+    """Doubles its input and notes the ctx's record_updates flag each time its forward is traced."""
+
+    def __init__(self, params, parent=None):
+        super().__init__(params, parent)
+        self.record_flags = []
+
+    def fprop(self, ctx, x):
+        self.record_flags.append(ctx.record_updates)
+        return 2.0 * x
+
+
+@pytest.mark.parametrize("remat, forwards", [("always", 8), ("except_last", 7), ("never", 4)])
+def test_remat_policy_decides_which_micro_batches_are_recomputed(remat, forwards):
+    layers = [_mlp(dropout=False)[0], _CountingLayer.Params().set(name="count")]
+    pipe = _pipeline(layers, num_stages=2, num_micro_batches=4, remat=remat)
+    counting = pipe.stage_layers(1)[0]
+    x, _ = _data()
+
+    @tf.function
+    def step():
+        ctx = FPropContext(training=True)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(pipe(ctx, x))
+        return tape.gradient(loss, pipe.trainable_variables)
+
+    step.get_concrete_function()
+    flags = counting.record_flags
+    assert len(flags) == forwards
+    # The first forward of each micro-batch records updates; recomputes never do.
+    assert flags.count(True) == 4
+    assert flags.count(False) == forwards - 4
+
+
+def test_recompute_reuses_the_dropout_masks():
+    """With remat the gradient is computed from a recomputed forward; equal gradients to the
+    never-remat pipeline mean the recompute drew the same masks (and the keep_prob is low enough
+    that a different mask would show)."""
+    x, _ = _data()
+    layers = [_mlp()[0], core.DropoutLayer.Params().set(name="drop", keep_prob=0.5), _mlp()[2]]
+    results = []
+    for remat in ("always", "never"):
+        pipe = _pipeline(layers, num_stages=2, num_micro_batches=2, remat=remat)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(pipe(FPropContext(training=True, step=5), x)))
+        results.append([g.numpy() for g in tape.gradient(loss, pipe.trainable_variables)])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, atol=TOL)
+
+
+# --------------------------------------------------------------------------------- batch norm
+def _bn_layers():
+    return [
+        core.ProjectionLayer.Params().set(name="fc0", input_dim=IN_DIM, output_dim=4),
+        core.BatchNormLayer.Params().set(name="bn", dim=4, decay=0.5),
+        core.ProjectionLayer.Params().set(name="fc1", input_dim=4, output_dim=OUT_DIM),
+    ]
+
+
+def _drifting_data():
+    """Micro-batch means differ (a drift along the batch), so merging variances directly would fail."""
+    x, t = _data()
+    drift = tf.linspace(-3.0, 3.0, BATCH)[:, None]
+    return x + drift, t
+
+
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_deferred_batch_norm_moving_statistics_equal_the_full_batch(remat):
+    x, target = _drifting_data()
+    pipe = _pipeline(_bn_layers(), num_stages=2, num_micro_batches=4, remat=remat)
+    plain = _sequential(_bn_layers())
+    for model in (pipe, plain):
+
+        @tf.function
+        def step(model=model):
+            ctx = FPropContext(training=True)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(ctx, x) - target))
+            grads = tape.gradient(loss, model.trainable_variables)
+            for v, g in zip(model.trainable_variables, grads):
+                v.assign_sub(0.01 * g)
+            recorded = len(ctx.updates)
+            ctx.apply_updates()
+            return recorded
+
+        recorded = step()
+        assert recorded == (4 if model is pipe else 1)  # once per micro-batch, never in a recompute
+    bn_pipe, bn_plain = pipe.stage_layers(0)[1], plain.bn
+    for name in ("moving_mean", "moving_variance"):
+        got, want = bn_pipe.vars[name].numpy(), bn_plain.vars[name].numpy()
+        assert np.max(np.abs(got - want)) <= TOL, name
+    # The statistics did move away from their initial values.
+    assert np.max(np.abs(bn_plain.vars["moving_mean"].numpy())) > 0.1
+
+
+def test_eval_uses_moving_statistics_and_equals_sequential():
+    x, _ = _drifting_data()
+    pipe = _pipeline(_bn_layers(), num_stages=2, num_micro_batches=4)
+    plain = _sequential(_bn_layers())
+    for bn in (pipe.stage_layers(0)[1], plain.bn):
+        bn.vars["moving_mean"].assign([0.5, -0.5, 1.0, 0.0])
+        bn.vars["moving_variance"].assign([2.0, 1.0, 0.5, 3.0])
+    ctx = FPropContext(training=False)
+    np.testing.assert_allclose(pipe(ctx, x).numpy(), plain(ctx, x).numpy(), atol=TOL)
+    assert ctx.updates == []
+
+
+# ---------------------------------------------------------------------------------------- eval
+def test_eval_accepts_any_batch_size_and_an_unknown_batch_dimension():
+    pipe = _pipeline(_mlp(), num_stages=2, num_micro_batches=4)
+    plain = _sequential(_mlp())
+    x, _ = _data(batch=6)  # 6 is not a multiple of 4: eval splits into near-equal parts
+
+    @tf.function(input_signature=[tf.TensorSpec([None, IN_DIM])])
+    def evaluate(x):
+        return pipe(FPropContext(training=False), x)
+
+    want = plain(FPropContext(training=False), x).numpy()
+    np.testing.assert_allclose(evaluate(x).numpy(), want, atol=TOL)
+    np.testing.assert_allclose(pipe(FPropContext(training=False), x).numpy(), want, atol=TOL)
+
+
+def test_nested_inputs_are_split_and_joined():
+    """A dict input: every leaf is split along the batch and the output dict is re-joined."""
+
+    class _Scale(BaseLayer):
+        def fprop(self, ctx, x):
+            return {"a": x["a"] * 2.0, "b": x["b"] + 1.0}
+
+    layers = [_Scale.Params().set(name="s0"), _Scale.Params().set(name="s1")]
+    pipe = _pipeline(layers, num_stages=2, num_micro_batches=2)
+    a = tf.reshape(tf.range(8.0), [4, 2])
+    b = tf.zeros([4, 3])
+    with tf.GradientTape() as tape:
+        tape.watch(a)
+        out = pipe(FPropContext(training=True), {"a": a, "b": b})
+        loss = tf.reduce_sum(out["a"])
+    np.testing.assert_allclose(out["a"].numpy(), a.numpy() * 4.0)
+    np.testing.assert_allclose(out["b"].numpy(), np.full([4, 3], 2.0))
+    np.testing.assert_allclose(tape.gradient(loss, a).numpy(), np.full([4, 2], 4.0))
+
+
+# -------------------------------------------------------------------------------------- report
+def test_partition_report_names_stages_devices_layers_and_costs():
+    pipe = _pipeline(_mlp(), num_stages=2, input_shape=[None, IN_DIM])
+    report = pipe.partition_report()
+    lines = report.splitlines()
+    assert lines[0].startswith("GPipe net: 7 layers in 2 stages")
+    assert "/device:CPU:0" in lines[2] and "fc0,drop0,fc1,drop1" in lines[2]
+    assert "/device:CPU:1" in lines[3] and "fc2,drop2,fc3" in lines[3]
+    assert "param_bytes" in lines[1] and "flops" in lines[1]
+    # fc0 (6x5 + 5) and fc1 (5x5 + 5) = 65 parameters in stage 0.
+    assert " 65 " in lines[2]
+
+
+def test_partition_reports_collects_every_pipeline_in_a_tree():
+    class _Model(BaseLayer):
+        def __init__(self, params, parent=None):
+            super().__init__(params, parent)
+            pipe = gpipe.GPipeLayer.Params().set(layers=_mlp(), num_stages=2)
+            self.create_children("towers", [pipe, pipe])
+
+    model = _Model.Params().set(name="model").instantiate()
+    text = gpipe.partition_reports(model)
+    assert text.count("GPipe model/towers_") == 2
