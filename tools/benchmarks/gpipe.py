@@ -40,36 +40,11 @@ BUBBLE_MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 # ------------------------------------------------------------------------------------------ worker
 def _dense_params(name: str, width: int, activation: str) -> Any:
-    """A ``width x width`` dense layer written with ``tf.matmul``.
+    from layers import core
 
-    Not core.ProjectionLayer: its ``einsum('...i,io->...o')`` gradient materializes an
-    ``[in, out, batch]`` tensor before reducing it, which would swamp every figure here.
-    """
-    import tensorflow as tf
-
-    from layers import activations
-    from layers.base_layer import BaseLayer, weight_init_params, weight_params
-
-    class DenseLayer(BaseLayer):
-        @classmethod
-        def Params(cls) -> Any:
-            p = super().Params()
-            p.define("width", 0, "Input and output width.")
-            p.define("activation", "relu", "Activation name (layers.activations).")
-            return p
-
-        def __init__(self, params: Any, parent: Any = None) -> None:
-            super().__init__(params, parent)
-            self._act = activations.get(self.params.activation)
-            self.create_variable("w", weight_params([self.params.width] * 2))
-            self.create_variable(
-                "b", weight_params([self.params.width], init=weight_init_params("constant", 0.0))
-            )
-
-        def fprop(self, ctx: Any, x: Any) -> Any:
-            return self._act(tf.matmul(x, self.vars["w"]) + self.vars["b"])
-
-    return DenseLayer.Params().set(name=name, width=width, activation=activation)
+    return core.ProjectionLayer.Params().set(
+        name=name, input_dim=width, output_dim=width, activation=activation
+    )
 
 
 def _model(spec: dict) -> Any:
@@ -216,7 +191,9 @@ def _memory(spec: dict, verbose: bool) -> dict:
 
 
 def _emit(name: str, value: float, **details: Any) -> None:
-    print(json.dumps({"name": name, "value": round(value, 4), **details}), flush=True)
+    # The 1-minute load average says how busy the machine was (2 cores: above ~2.5, trust nothing).
+    load = round(os.getloadavg()[0], 2)
+    print(json.dumps({"name": name, "value": round(value, 4), **details, "loadavg_1m": load}), flush=True)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -248,7 +225,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch = 64, 4, 32
-        args.memory_width, args.memory_batch = 32, 256
+        args.memory_width, args.memory_batch = 32, 2048
         args.steps, args.warmup = 2, 1
     return args
 
