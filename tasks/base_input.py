@@ -74,3 +74,11 @@ class BaseInput:
 def _has_unknown_dims(element_spec: object) -> bool:
     specs = tf.nest.flatten(element_spec)
     return any(isinstance(s, tf.TensorSpec) and not s.shape.is_fully_defined() for s in specs)
+
+
+def set_split_mode(p: Params, split: str, shuffle_seed: int) -> Params:
+    """The usual reading of a data set: ``train`` shuffled with a fixed seed, repeated, in full batches;
+    any other split in one ordered pass over every example (a last partial batch kept). Returns p."""
+    if split == "train":
+        return p.set(shuffle_seed=shuffle_seed, repeat=True, drop_remainder=True)
+    return p.set(shuffle_seed=None, repeat=False, drop_remainder=False)

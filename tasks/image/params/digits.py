@@ -16,6 +16,7 @@ from params import registry
 from params.errors import ConfigError
 from params.experiment import Experiment, cluster_params
 from params.hyperparams import Params
+from tasks.base_input import set_split_mode
 from tasks.image.input import DigitsInput
 from tasks.image.model import ImageClassifierTask
 
@@ -105,11 +106,7 @@ class ConvNet(Experiment):
 
     def _input(self, split: str) -> Params:
         p = DigitsInput.Params().set(name=split, split=split, batch_size=self.batch_size)
-        if split == "train":
-            p.set(shuffle_seed=301, repeat=True, drop_remainder=True)
-        else:
-            p.set(shuffle_seed=None, repeat=False, drop_remainder=False)
-        return p
+        return set_split_mode(p, split, shuffle_seed=301)
 
     def train(self) -> Params:
         return self._input("train")

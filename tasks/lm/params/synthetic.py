@@ -6,6 +6,7 @@ from params import registry
 from params.errors import ConfigError
 from params.experiment import Experiment
 from params.hyperparams import Params
+from tasks.base_input import set_split_mode
 from tasks.lm.input import SyntheticLmInput
 from tasks.lm.model import transformer_lm_params
 from tasks.lm.vocabulary import NUM_SPECIAL, vocab_params
@@ -100,11 +101,7 @@ class TransformerLM(Experiment):
             data_seed=seed,
             batch_size=self.batch_size,
         )
-        if split == "train":
-            p.set(shuffle_seed=501, repeat=True, drop_remainder=True)
-        else:
-            p.set(repeat=False, drop_remainder=False)
-        return p
+        return set_split_mode(p, split, shuffle_seed=501)
 
     def train(self) -> Params:
         return self._input("train", 1, self.num_train_sequences)

@@ -6,6 +6,7 @@ from params import registry
 from params.errors import ConfigError
 from params.experiment import Experiment
 from params.hyperparams import Params
+from tasks.base_input import set_split_mode
 from tasks.lm.vocabulary import vocab_params
 from tasks.mt.input import AlgorithmicMtInput
 from tasks.mt.model import transformer_mt_params
@@ -105,11 +106,7 @@ class ReverseTransformer(Experiment):
             data_seed=seed,
             batch_size=self.batch_size,
         )
-        if split == "train":
-            p.set(shuffle_seed=401, repeat=True, drop_remainder=True)
-        else:
-            p.set(repeat=False, drop_remainder=False)
-        return p
+        return set_split_mode(p, split, shuffle_seed=401)
 
     def train(self) -> Params:
         return self._input("train", 1, self.num_train_examples)
