@@ -260,6 +260,11 @@ class GPipeLayer(BaseLayer):
         """``[0, b1, ..., n]``: stage k runs layers ``bounds[k]:bounds[k+1]``."""
         return list(self._bounds)
 
+    @property
+    def sequence(self) -> list[BaseLayer]:
+        """Every built layer in order (with params.stages: one layer per stage)."""
+        return list(self._layers)
+
     def stage_layers(self, k: int) -> list[BaseLayer]:
         return self._layers[self._bounds[k] : self._bounds[k + 1]]
 

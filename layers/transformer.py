@@ -2,7 +2,9 @@
 inputs and the (label-smoothed) output loss.
 
 The stack is a plain list of ``TransformerLayer`` Params (``TransformerStack.params.layers``), so a
-pipeline layer can cut it into stages. Each layer is pre-norm (Xiong et al. 2020):
+pipeline layer can cut it into stages: set ``TransformerStack.params.pipeline`` to a ``GPipeLayer``
+template and training and evaluation run the layers as a K-stage, M-micro-batch pipeline, while
+decoding steps still run the same layers one after another. Each layer is pre-norm (Xiong et al. 2020):
 ``x + dropout(sublayer(layer_norm(x)))``, and the stack ends with a layer norm.
 
 Decoding a step costs one position: ``TransformerStack.init_cache`` allocates every layer's
@@ -26,6 +28,7 @@ from layers.attention import (
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from layers.beam_search import StepFn
 from layers.core import DropoutLayer, EmbeddingLayer, LayerNorm, ProjectionLayer
+from layers.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 
@@ -326,6 +329,13 @@ class TransformerStack(BaseLayer):
         p.define("layers", [], "List of TransformerLayer Params, applied in order (children layers_<i>).")
         p.define("final_ln", True, "Layer-normalize the output (needed by pre-norm stacks).")
         p.define("ln_epsilon", 1e-6, "Epsilon of the final layer norm.")
+        p.define(
+            "pipeline",
+            None,
+            "None: the layers run in order. Or GPipeLayer Params with its layers left empty (num_stages, "
+            "num_micro_batches, remat, partition_method ...): fprop runs `layers` as that pipeline "
+            "(child pipeline/layers_<i>); incremental decoding still runs them one by one.",
+        )
         return p
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
@@ -341,9 +351,28 @@ class TransformerStack(BaseLayer):
                 raise ConfigError(
                     f"{self.path}: params.layers[{i}] must be a layer Params with model_dim={dim}"
                 )
-        self.create_children("layers", list(p.layers))
+        if p.pipeline is None:
+            self.create_children("layers", list(p.layers))
+        else:
+            self._create_pipeline(p.pipeline, list(p.layers))
         if p.final_ln:
             self.create_child("final_ln", LayerNorm.Params().set(input_dim=dim, epsilon=p.ln_epsilon))
+
+    def _create_pipeline(self, template: Params, layers: list[Params]) -> None:
+        if not isinstance(template, InstantiableParams) or not issubclass(template.cls, GPipeLayer):
+            raise ConfigError(f"{self.path}: params.pipeline must be None or GPipeLayer.Params()")
+        if template.layers or template.stages:
+            raise ConfigError(
+                f"{self.path}: leave params.pipeline.layers and .stages empty; the pipeline runs "
+                "params.layers"
+            )
+        named = [lp.copy().set(name=f"layers_{i}") for i, lp in enumerate(layers)]
+        self.create_child("pipeline", template.copy().set(layers=named))
+
+    @property
+    def sequence(self) -> list[TransformerLayer]:
+        """The layers in order (wherever a pipeline placed them)."""
+        return self.pipeline.sequence if self.params.pipeline is not None else self.layers
 
     def _finish(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         return self.final_ln(ctx, x) if self.params.final_ln else x
@@ -359,6 +388,17 @@ class TransformerStack(BaseLayer):
         source_segment_ids: tf.Tensor | None = None,
     ) -> tf.Tensor:
         """``x [B, T, D]`` with ``paddings [B, T]`` (and a ``source [B, S, D_s]`` for decoders)."""
+        if self.params.pipeline is not None:
+            state = {
+                "x": x,
+                "paddings": paddings,
+                "segment_ids": segment_ids,
+                "source": source,
+                "source_paddings": source_paddings,
+                "source_segment_ids": source_segment_ids,
+            }
+            state = {name: value for name, value in state.items() if value is not None}
+            return self._finish(ctx, self.pipeline(ctx, state)["x"])
         self_mask, source_mask = attention_masks(paddings, segment_ids, source_paddings, source_segment_ids)
         for layer in self.layers:
             x = layer(ctx, x, self_mask, source, source_mask)
@@ -366,13 +406,13 @@ class TransformerStack(BaseLayer):
 
     # ----------------------------------------------------------------------- incremental decoding
     def init_cache(self, batch_size: int, max_length: int) -> list[LayerCache]:
-        return [layer.init_cache(batch_size, max_length) for layer in self.layers]
+        return [layer.init_cache(batch_size, max_length) for layer in self.sequence]
 
     def project_source(self, source: tf.Tensor) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Each cross-attention layer's keys and values of ``source``; computed once per decode."""
         return [
             layer.cross_atten.project_source(source) if layer.params.has_cross_attention else (None, None)
-            for layer in self.layers
+            for layer in self.sequence
         ]
 
     def extend_step(
@@ -387,7 +427,7 @@ class TransformerStack(BaseLayer):
         """One position ``x [B, 1, D]`` through every layer; returns its output and the new caches."""
         source_mask = padding_mask(source_paddings) if source_paddings is not None else None
         new_cache = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.sequence):
             kv = source_kv[i] if source_kv is not None else None
             x, layer_cache = layer.extend_step(ctx, x, cache[i], time_step, kv, source_mask)
             new_cache.append(layer_cache)

@@ -235,3 +235,65 @@ def test_stack_layers_run_as_a_gpipe_pipeline():
         np.testing.assert_allclose(
             tf.convert_to_tensor(g_b).numpy(), tf.convert_to_tensor(g_a).numpy(), rtol=1e-4, atol=1e-5
         )
+
+
+def _pipelined_decoder(num_layers: int = 4, **pipeline) -> tfm.TransformerStack:
+    from layers.gpipe import GPipeLayer
+
+    p = tfm.stack_params(num_layers, DIM, 4, 32, decoder=True).set(name="dec", random_seed=3)
+    p.pipeline = GPipeLayer.Params().set(name="pipeline", **pipeline)
+    return p.instantiate()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_stack_pipeline_param_runs_the_same_layers_as_a_pipeline(training):
+    """``params.pipeline`` cuts the stack into stages on two devices: outputs and gradients equal the
+    plain stack's, and cached decoding runs the same (pipelined) layers."""
+    plain = _decoder(4)
+    piped = _pipelined_decoder(4, num_stages=2, num_micro_batches=2, remat="always")
+    assert [x.params.name for x in piped.sequence] == [f"layers_{i}" for i in range(4)]
+    assert piped.pipeline.devices == ["/device:CPU:0", "/device:CPU:1"]
+    for a, b in zip(plain.layers, piped.sequence):
+        for va, vb in zip(a.trainable_variables, b.trainable_variables):
+            vb.assign(va)
+    for va, vb in zip(plain.final_ln.trainable_variables, piped.final_ln.trainable_variables):
+        vb.assign(va)
+    assert len(piped.trainable_variables) == len(plain.trainable_variables)
+    rng = np.random.RandomState(8)
+    x = tf.constant(rng.randn(4, 5, DIM).astype(np.float32))
+    src = tf.constant(rng.randn(4, 3, DIM).astype(np.float32))
+    pad = tf.constant([[0, 0, 0, 1, 1], [0] * 5, [0, 0, 1, 1, 1], [0] * 5], tf.float32)
+    ctx = FPropContext(training=training, step=2)
+
+    @tf.function
+    def run(stack):
+        with tf.GradientTape() as tape:
+            y = stack(ctx, x, paddings=pad, source=src)
+            loss = tf.reduce_sum(tf.square(y) * (1.0 - pad)[:, :, None])
+        return y, tape.gradient(loss, stack.trainable_variables)
+
+    want_y, want_g = run(plain)
+    got_y, got_g = run(piped)
+    np.testing.assert_allclose(got_y.numpy(), want_y.numpy(), rtol=1e-5, atol=1e-5)
+    for g_a, g_b in zip(want_g, got_g):
+        np.testing.assert_allclose(
+            tf.convert_to_tensor(g_b).numpy(), tf.convert_to_tensor(g_a).numpy(), rtol=1e-4, atol=1e-5
+        )
+    cache = piped.init_cache(4, 5)
+    kv = piped.project_source(src)
+    step_y, _ = piped.extend_step(ctx, x[:, :1], cache, 0, kv)
+    want_step, _ = plain.extend_step(ctx, x[:, :1], plain.init_cache(4, 5), 0, plain.project_source(src))
+    np.testing.assert_allclose(step_y.numpy(), want_step.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_stack_pipeline_param_errors():
+    from layers.gpipe import GPipeLayer
+
+    p = tfm.stack_params(2, DIM, 4, 32, decoder=True).set(name="dec")
+    with pytest.raises(ConfigError, match="must be None or GPipeLayer.Params"):
+        p.copy().set(pipeline=tfm.TransformerStack.Params()).instantiate()
+    template = GPipeLayer.Params().set(name="pipeline", layers=[tfm.transformer_layer_params(DIM, 4)])
+    with pytest.raises(ConfigError, match="leave params.pipeline.layers and .stages empty"):
+        p.copy().set(pipeline=template).instantiate()
+    with pytest.raises(ConfigError, match="num_stages=3 but there are only 2 layers"):
+        p.copy().set(pipeline=GPipeLayer.Params().set(name="pipeline", num_stages=3)).instantiate()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from layers.gpipe import GPipeLayer
 from params import registry
 from params.errors import ConfigError
-from params.experiment import Experiment
+from params.experiment import Experiment, cluster_params
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
 from tasks.lm.input import SyntheticLmInput
@@ -111,3 +112,55 @@ class TransformerLM(Experiment):
 
     def test(self) -> Params:
         return self._input("test", 3, self.num_eval_sequences)
+
+
+@registry.register
+class GPipeTransformerLM(TransformerLM):
+    """A deeper TransformerLM whose stack runs as a GPipe pipeline: ``num_stages`` stages on as many
+    devices (the host CPU split into logical devices), ``num_micro_batches`` micro-batches per step.
+
+    The same chain and learner as TransformerLM; 8 pre-norm layers of width 128 (1.59M parameters) at
+    batch 64, cut into 2 stages of 4 layers. Evaluation runs the same pipeline; decoding steps run the
+    layers one by one with their key/value caches. Measured through the trainer (2 shared CPU cores,
+    4 min 15 s for the whole run): dev log_pplx 1.201 at the default 1000 steps, 6.8% above H. Its
+    training loss stays within 2e-4 of the unpipelined model's (``GPipeTransformerLM.num_stages = 1``,
+    ``num_micro_batches = 1``); on a CPU host the unpipelined model is as fast, since TF
+    already spreads one device's ops over both cores (README, "Pipelining a model with GPipe").
+    """
+
+    def __init__(
+        self,
+        num_stages: int = 2,
+        num_micro_batches: int = 4,
+        remat: str = "always",
+        num_layers: int = 8,
+        model_dim: int = 128,
+        hidden_dim: int = 512,
+        batch_size: int = 64,
+        max_steps: int = 1000,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            num_layers=num_layers,
+            model_dim=model_dim,
+            hidden_dim=hidden_dim,
+            batch_size=batch_size,
+            max_steps=max_steps,
+            **kwargs,
+        )
+        self.num_stages = num_stages
+        self.num_micro_batches = num_micro_batches
+        self.remat = remat
+
+    def task(self) -> Params:
+        p = super().task()
+        p.stack.pipeline = GPipeLayer.Params().set(
+            name="pipeline",
+            num_stages=self.num_stages,
+            num_micro_batches=self.num_micro_batches,
+            remat=self.remat,
+        )
+        return p
+
+    def cluster(self) -> Params:
+        return cluster_params().set(num_logical_cpu_devices=self.num_stages)
