@@ -41,3 +41,6 @@ def test_quick_run_prints_one_json_line_per_figure():
     )
     # Remat keeps only stage inputs: even at smoke-test sizes the pipeline needs less than the plain stack.
     assert memory["value"] < 1.0
+    # The tensors' own peak never exceeds the allocator's, which also counts unsplit chunks.
+    for side in ("pipeline", "plain"):
+        assert memory["weight_bytes"] < memory[f"{side}_live_peak_bytes"] <= memory[f"{side}_peak_bytes"]

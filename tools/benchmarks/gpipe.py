@@ -16,7 +16,9 @@ both see the same machine load; the best step of each side counts (load only eve
 - overhead: the GPipe layer with K=1, M=1, no remat over the plain sequential stack (one core).
 - memory: peak allocator bytes of the K=2, M=8, remat=always training step over those of the same
   layers trained unpipelined without remat (BFC allocator; logical CPU devices share it, so this is the
-  process peak), sized so activations outweigh the weights.
+  process peak), sized so activations outweigh the weights. For information, ``live_tensor_ratio``
+  compares the peaks of the tensors' own bytes in another traced step (``tools/memory_trace.py``):
+  the allocator's peak also counts the unused part of chunks it did not split.
 - remat_memory, remat_time: remat=always over remat=never at K=2, M=8.
 """
 
@@ -110,11 +112,23 @@ def run_worker(spec: dict) -> int:
     if spec["measure"] == "memory":
         import tensorflow as tf
 
+        from tools.memory_trace import live_tensor_peak
+
         tf.config.experimental.reset_memory_stats("CPU:0")
         step().numpy()
         peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
         weights = sum(v.numpy().nbytes for v in variables)
-        print(json.dumps({"peak_bytes": int(peak), "weight_bytes": int(weights)}), flush=True)
+        traced = live_tensor_peak(lambda: step().numpy())
+        print(
+            json.dumps(
+                {
+                    "peak_bytes": int(peak),
+                    "weight_bytes": int(weights),
+                    "live_peak_bytes": traced["live_peak_bytes"],
+                }
+            ),
+            flush=True,
+        )
         return 0
     print(json.dumps({"ready": True, "first_step_s": first}), flush=True)
     for line in sys.stdin:
@@ -307,6 +321,9 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
         _emit(
             "memory", always["peak_bytes"] / plain["peak_bytes"], target=0.35,
             pipeline_peak_bytes=always["peak_bytes"], plain_peak_bytes=plain["peak_bytes"],
+            live_tensor_ratio=round(always["live_peak_bytes"] / plain["live_peak_bytes"], 4),
+            pipeline_live_peak_bytes=always["live_peak_bytes"],
+            plain_live_peak_bytes=plain["live_peak_bytes"],
             weight_bytes=always["weight_bytes"], remat="always",
             layer_output_bytes=args.memory_batch * args.memory_width * 4 * args.depth, **sizes,
         )  # fmt: skip

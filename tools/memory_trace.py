@@ -1,0 +1,63 @@
+"""Peak bytes held by live tensors during one step, read from the profiler's allocator events.
+
+``tf.config.experimental.get_memory_info('CPU:0')['peak']`` (with ``TF_CPU_ALLOCATOR_USE_BFC=true``)
+counts the BFC allocator's chunks, and a chunk may be up to twice the tensor it holds (the allocator
+splits a free chunk only when it is at least twice the request). Replaying the allocation and
+deallocation events of a traced step with their requested sizes gives the tensors' own peak, so a
+benchmark can tell a layer's memory from the allocator's rounding and fragmentation.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+
+def live_tensor_peak(run_step: Callable[[], object], device: str = "CPU:0") -> dict[str, int]:
+    """Runs ``run_step`` once under the profiler; returns ``{'live_peak_bytes', 'chunk_peak_bytes',
+    'resting_bytes'}``: the peak of requested bytes in use (resting tensors included), the
+    allocator's own peak over the same step, and what was in use before it."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    resting = int(tf.config.experimental.get_memory_info(device)["current"])
+    with tempfile.TemporaryDirectory() as logdir:
+        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            run_step()
+        finally:
+            tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        for path in Path(logdir).rglob("*.xplane.pb"):
+            space.ParseFromString(path.read_bytes())
+    events = []
+    for plane in space.planes:
+        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                kind = names.get(event.metadata_id)
+                if kind not in ("MemoryAllocation", "MemoryDeallocation"):
+                    continue
+                stats = {stat_names.get(s.metadata_id): s.int64_value or s.uint64_value for s in event.stats}
+                events.append((line.timestamp_ns * 1000 + event.offset_ps, kind, stats))
+    if not events:
+        raise RuntimeError(
+            "the profiler recorded no allocator events (is TF_CPU_ALLOCATOR_USE_BFC=true set?)"
+        )
+    events.sort(key=lambda e: e[0])
+    live: dict[int, int] = {}
+    current = peak = chunk_peak = 0
+    for _, kind, stats in events:
+        chunk_peak = max(chunk_peak, stats.get("bytes_allocated", 0))
+        address = stats.get("addr")
+        if kind == "MemoryAllocation":
+            live[address] = stats.get("requested_bytes", 0)
+            current += live[address]
+            peak = max(peak, current)
+        elif address in live:
+            current -= live.pop(address)
+    return {"live_peak_bytes": resting + peak, "chunk_peak_bytes": chunk_peak, "resting_bytes": resting}
