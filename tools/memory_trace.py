@@ -16,13 +16,14 @@ from pathlib import Path
 import tensorflow as tf
 
 
-def live_tensor_peak(run_step: Callable[[], object], device: str = "CPU:0") -> dict[str, int]:
+def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
     """Runs ``run_step`` once under the profiler; returns ``{'live_peak_bytes', 'chunk_peak_bytes',
     'resting_bytes'}``: the peak of requested bytes in use (resting tensors included), the
-    allocator's own peak over the same step, and what was in use before it."""
+    allocator's own peak over the same step, and what was in use before it. Meant for a CPU-only
+    process, whose one allocator (the logical CPU devices share it) all the events come from."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    resting = int(tf.config.experimental.get_memory_info(device)["current"])
+    resting = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
     with tempfile.TemporaryDirectory() as logdir:
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
         tf.profiler.experimental.start(logdir, options=options)
@@ -30,11 +31,13 @@ def live_tensor_peak(run_step: Callable[[], object], device: str = "CPU:0") -> d
             run_step()
         finally:
             tf.profiler.experimental.stop()
-        space = xplane_pb2.XSpace()
-        for path in Path(logdir).rglob("*.xplane.pb"):
-            space.ParseFromString(path.read_bytes())
+        planes = [
+            plane
+            for path in Path(logdir).rglob("*.xplane.pb")
+            for plane in xplane_pb2.XSpace.FromString(path.read_bytes()).planes
+        ]
     events = []
-    for plane in space.planes:
+    for plane in planes:
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         for line in plane.lines:
