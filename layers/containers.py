@@ -1,4 +1,5 @@
-"""Container layers: SequentialLayer (a list of layers applied in order) and RepeatLayer."""
+"""Container layers: SequentialLayer (a list of layers applied in order), RepeatLayer, and OnKeyLayer
+(one layer applied to one entry of a dict state)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,32 @@ class RepeatLayer(BaseLayer):
         for layer in self.body:
             x = layer(ctx, x)
         return x
+
+
+class OnKeyLayer(BaseLayer):
+    """Applies ``body`` to one entry of a dict state and passes the other entries through.
+
+    A pipeline's micro-batches can carry several batch-major tensors (inputs with their targets or
+    masks) as one dict; wrapped this way, any ``fprop(ctx, x) -> x`` layer works on its entry, and a
+    last layer can compute a per-example loss inside the last stage, so the full batch's output and
+    its gradient never exist at once.
+    """
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define("body", None, "Params of the layer applied to state[key].")
+        p.define("key", "x", "The dict entry the body transforms.")
+        return p
+
+    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
+        super().__init__(params, parent)
+        _check_layer_params(self, "body", self.params.body)
+        self.create_child("body", self.params.body)
+
+    def fprop(self, ctx: FPropContext, state: dict) -> dict:
+        key = self.params.key
+        if not isinstance(state, dict) or key not in state:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ConfigError(f"{self.path}: expected a dict state with entry {key!r}, got {got}")
+        return {**state, key: self.body(ctx, state[key])}

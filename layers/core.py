@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from layers import activations, checks
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
-from layers.containers import RepeatLayer, SequentialLayer
+from layers.containers import OnKeyLayer, RepeatLayer, SequentialLayer
 from layers.normalization import BatchNormLayer, LayerNorm
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
@@ -26,6 +26,7 @@ __all__ = [
     "EmbeddingLayer",
     "FlattenLayer",
     "LayerNorm",
+    "OnKeyLayer",
     "PoolingLayer",
     "ProjectionLayer",
     "RepeatLayer",

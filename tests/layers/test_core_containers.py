@@ -142,3 +142,18 @@ def test_gradient_through_stack_under_tf_function_matches_finite_differences():
     w.assign(base)
     assert np.abs(analytic).max() > 1e-3
     np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-8)
+
+
+def test_on_key_layer_transforms_one_entry_and_passes_the_rest():
+    layer = core.OnKeyLayer.Params().set(name="k", key="x", body=_proj(3, 2)).instantiate()
+    x = np.ones((4, 3), np.float32)
+    target = np.arange(8, dtype=np.float32).reshape(4, 2)
+    out = layer(EVAL, {"x": x, "target": target})
+    assert sorted(out) == ["target", "x"]
+    np.testing.assert_array_equal(out["x"].numpy(), layer.body(EVAL, x).numpy())
+    assert out["target"] is target
+    assert [v.name for v in layer.trainable_variables] == ["k.body.b:0", "k.body.w:0"]
+    with pytest.raises(ConfigError, match=r"k: expected a dict state with entry 'x', got \['y'\]"):
+        layer(EVAL, {"y": x})
+    with pytest.raises(ConfigError, match="params.body must be a layer's Params"):
+        core.OnKeyLayer.Params().set(name="k").instantiate()

@@ -355,3 +355,45 @@ def test_partition_reports_collects_every_pipeline_in_a_tree():
     model = _Model.Params().set(name="model").instantiate()
     text = gpipe.partition_reports(model)
     assert text.count("GPipe model/towers_") == 2
+
+
+class _SquaredError(BaseLayer):
+    """Per-example squared error of a dict state's 'x' against its 'target'."""
+
+    def fprop(self, ctx, state):
+        return tf.reduce_sum(tf.square(state["x"] - state["target"]), axis=-1)
+
+
+def test_targets_travel_with_micro_batches_and_the_loss_runs_in_the_last_stage():
+    """Layers wrapped in OnKeyLayer carry the targets through the stages, and a per-example loss as
+    the last layer gives the unpipelined loss and gradients."""
+    from layers.containers import OnKeyLayer, SequentialLayer
+
+    layers = [
+        OnKeyLayer.Params().set(name=f"l{i}", body=core.ProjectionLayer.Params().set(
+            input_dim=6, output_dim=6, activation="tanh"))
+        for i in range(4)
+    ] + [_SquaredError.Params().set(name="loss")]  # fmt: skip
+    plain = SequentialLayer.Params().set(name="net", sub=layers).instantiate()
+    piped = (
+        gpipe.GPipeLayer.Params()
+        .set(name="net", layers=layers, split_points=[2], num_micro_batches=4, remat="always")
+        .instantiate()
+    )
+    rng = np.random.default_rng(3)
+    x, target = rng.normal(size=(2, 8, 6)).astype(np.float32)
+    state = {"x": x, "target": target}
+    ctx = FPropContext(training=True, step=1)
+
+    @tf.function
+    def loss_and_grads(model):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(ctx, state))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    want_loss, want_grads = loss_and_grads(plain)
+    got_loss, got_grads = loss_and_grads(piped)
+    assert piped.stage_bounds == [0, 2, 5]
+    np.testing.assert_allclose(got_loss.numpy(), want_loss.numpy(), rtol=1e-6)
+    for got, want in zip(got_grads, want_grads):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -20,7 +20,14 @@ def test_unknown_figure_is_a_usage_error(capsys):
 @pytest.mark.slow
 def test_quick_run_prints_one_json_line_per_figure():
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.benchmark", "gpipe", "--quick", "--figures=overhead,memory"],
+        [
+            sys.executable,
+            "-m",
+            "tools.benchmark",
+            "gpipe",
+            "--quick",
+            "--figures=overhead,memory,memory_loss_outside",
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -30,7 +37,7 @@ def test_quick_run_prints_one_json_line_per_figure():
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     by_name = {line["name"]: line for line in lines}
-    assert sorted(by_name) == ["memory", "overhead"]
+    assert sorted(by_name) == ["memory", "memory_loss_outside", "overhead"]
     overhead = by_name["overhead"]
     assert overhead["gpipe_step_s"] > 0 and overhead["plain_step_s"] > 0
     assert overhead["value"] == pytest.approx(overhead["gpipe_step_s"] / overhead["plain_step_s"], rel=1e-3)
@@ -42,5 +49,8 @@ def test_quick_run_prints_one_json_line_per_figure():
     # Remat keeps only stage inputs: even at smoke-test sizes the pipeline needs less than the plain stack.
     assert memory["value"] < 1.0
     # The tensors' own peak never exceeds the allocator's, which also counts unsplit chunks.
-    for side in ("pipeline", "plain"):
-        assert memory["weight_bytes"] < memory[f"{side}_live_peak_bytes"] <= memory[f"{side}_peak_bytes"]
+    for figure in (memory, by_name["memory_loss_outside"]):
+        for side in ("pipeline", "plain"):
+            assert figure["weight_bytes"] < figure[f"{side}_live_peak_bytes"] <= figure[f"{side}_peak_bytes"]
+    # With the loss in the last stage, the full batch's output and its gradient never exist at once.
+    assert memory["pipeline_live_peak_bytes"] < by_name["memory_loss_outside"]["pipeline_live_peak_bytes"]

@@ -16,9 +16,15 @@ both see the same machine load; the best step of each side counts (load only eve
 - overhead: the GPipe layer with K=1, M=1, no remat over the plain sequential stack (one core).
 - memory: peak allocator bytes of the K=2, M=8, remat=always training step over those of the same
   layers trained unpipelined without remat (BFC allocator; logical CPU devices share it, so this is the
-  process peak), sized so activations outweigh the weights. For information, ``live_tensor_ratio``
-  compares the peaks of the tensors' own bytes in another traced step (``tools/memory_trace.py``):
-  the allocator's peak also counts the unused part of chunks it did not split.
+  process peak), sized so activations outweigh the weights. The targets travel with the micro-batches
+  and a per-example squared error is the last layer, so the loss runs inside the last stage, one
+  micro-batch at a time (as pipeline schedules that take a loss function do); the unpipelined side
+  runs the same layers on the whole batch. For information, ``live_tensor_ratio`` compares the peaks
+  of the tensors' own bytes in another traced step (``tools/memory_trace.py``): the allocator's peak
+  also counts the unused part of chunks it did not split.
+- memory_loss_outside: the same, with the loss computed after the pipeline on its concatenated
+  output (what the speed figures do): the full batch's output, loss temporaries and gradient add to
+  the pipeline's peak.
 - remat_memory, remat_time: remat=always over remat=never at K=2, M=8.
 """
 
@@ -36,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ("speedup", "bubble", "overhead", "memory", "remat_memory", "remat_time")
+FIGURES = ("speedup", "bubble", "overhead", "memory", "memory_loss_outside", "remat_memory", "remat_time")
 BUBBLE_MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
@@ -49,14 +55,37 @@ def _dense_params(name: str, width: int, activation: str) -> Any:
     )
 
 
-def _model(spec: dict) -> Any:
-    from layers import core, gpipe
+def _squared_error_params() -> Any:
+    from layers.base_layer import BaseLayer  # here: the worker sets up TensorFlow's process first
 
-    layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(spec["depth"])]
+    class SquaredErrorLayer(BaseLayer):
+        """Per-example squared error of a {'x', 'target'} state, averaged over the features."""
+
+        def fprop(self, ctx: Any, state: dict) -> Any:
+            import tensorflow as tf
+
+            return tf.reduce_mean(tf.square(state["x"] - state["target"]), axis=-1)
+
+    return SquaredErrorLayer.Params()
+
+
+def _model(spec: dict) -> Any:
+    """The dense stack, plain or as a GPipeLayer; with ``loss_in_pipeline`` each layer works on the
+    'x' entry of a {'x', 'target'} state and a per-example squared error follows the last one."""
+    from layers import core, gpipe, partition
+
+    depth, stages = spec["depth"], spec["stages"]
+    layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(depth)]
+    if spec.get("loss_in_pipeline"):
+        layers = [core.OnKeyLayer.Params().set(name=lp.name, body=lp) for lp in layers]
+        layers.append(_squared_error_params().set(name="loss"))
     if spec["model"] == "plain":
         return core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
     p = gpipe.GPipeLayer.Params().set(
-        name="net", layers=layers, num_stages=spec["stages"], num_micro_batches=spec["micro_batches"]
+        name="net",
+        layers=layers,
+        split_points=partition.uniform_bounds(depth, stages)[1:-1],  # the loss joins the last stage
+        num_micro_batches=spec["micro_batches"],
     )
     return p.set(remat=spec["remat"]).instantiate()
 
@@ -88,7 +117,10 @@ def _setup(spec: dict) -> Any:
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(ctx, x) - target))
+            if spec.get("loss_in_pipeline"):
+                loss = tf.reduce_mean(model(ctx, {"x": x, "target": target}))
+            else:
+                loss = tf.reduce_mean(tf.square(model(ctx, x) - target))
         for v, g in zip(variables, tape.gradient(loss, variables)):
             v.assign_sub(0.01 * g)
         return loss
@@ -307,33 +339,43 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
         "model": "gpipe", "width": args.memory_width, "depth": args.depth, "batch": args.memory_batch,
         "activation": args.memory_activation, "stages": k, "micro_batches": m, "measure": "memory",
         "warmup": args.warmup, "cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2,
-        "logical_devices": k,
+        "logical_devices": k, "remat": "always", "loss_in_pipeline": True,
     }  # fmt: skip
+    plain = {"model": "plain", "stages": 1, "micro_batches": 1, "remat": "never"}
     sizes = {
         "width": args.memory_width, "depth": args.depth, "global_batch": args.memory_batch,
         "activation": args.memory_activation, "stages": k, "micro_batches": m,
     }  # fmt: skip
-    always = _memory({**spec, "remat": "always"}, args.verbose)
-    if "memory" in figures:
-        plain = _memory(
-            {**spec, "model": "plain", "stages": 1, "micro_batches": 1, "remat": "never"}, args.verbose
-        )
+    peaks: dict[str, dict] = {}
+
+    def peak(name: str, **changes: Any) -> dict:
+        if name not in peaks:
+            peaks[name] = _memory({**spec, **changes}, args.verbose)
+        return peaks[name]
+
+    def emit(figure: str, sides: tuple[str, str], a: dict, b: dict, **details: Any) -> None:
         _emit(
-            "memory", always["peak_bytes"] / plain["peak_bytes"], target=0.35,
-            pipeline_peak_bytes=always["peak_bytes"], plain_peak_bytes=plain["peak_bytes"],
-            live_tensor_ratio=round(always["live_peak_bytes"] / plain["live_peak_bytes"], 4),
-            pipeline_live_peak_bytes=always["live_peak_bytes"],
-            plain_live_peak_bytes=plain["live_peak_bytes"],
-            weight_bytes=always["weight_bytes"], remat="always",
-            layer_output_bytes=args.memory_batch * args.memory_width * 4 * args.depth, **sizes,
+            figure, a["peak_bytes"] / b["peak_bytes"],
+            live_tensor_ratio=round(a["live_peak_bytes"] / b["live_peak_bytes"], 4),
+            **{f"{side}_peak_bytes": x["peak_bytes"] for side, x in zip(sides, (a, b))},
+            **{f"{side}_live_peak_bytes": x["live_peak_bytes"] for side, x in zip(sides, (a, b))},
+            weight_bytes=a["weight_bytes"], **details, **sizes,
+        )  # fmt: skip
+
+    layer_bytes = args.memory_batch * args.memory_width * 4 * args.depth
+    if "memory" in figures:
+        emit(
+            "memory", ("pipeline", "plain"), peak("always"), peak("plain", **plain), target=0.35,
+            remat="always", loss="in the last stage", layer_output_bytes=layer_bytes,
+        )  # fmt: skip
+    if "memory_loss_outside" in figures:
+        emit(
+            "memory_loss_outside", ("pipeline", "plain"), peak("always_outside", loss_in_pipeline=False),
+            peak("plain_outside", **plain, loss_in_pipeline=False), remat="always",
+            loss="after the pipeline", layer_output_bytes=layer_bytes,
         )  # fmt: skip
     if "remat_memory" in figures:
-        never = _memory({**spec, "remat": "never"}, args.verbose)
-        _emit(
-            "remat_memory", always["peak_bytes"] / never["peak_bytes"],
-            always_peak_bytes=always["peak_bytes"], never_peak_bytes=never["peak_bytes"],
-            weight_bytes=always["weight_bytes"], **sizes,
-        )  # fmt: skip
+        emit("remat_memory", ("always", "never"), peak("always"), peak("never", remat="never"))
 
 
 def main(argv: list[str]) -> int:
@@ -354,7 +396,7 @@ def main(argv: list[str]) -> int:
             "gpipe benchmark: warning: fewer than 2 CPUs; the pipeline figures mean nothing", file=sys.stderr
         )
     _speed_figures(args, figures, cpus)
-    if "memory" in figures or "remat_memory" in figures:
+    if {"memory", "memory_loss_outside", "remat_memory"} & set(figures):
         _memory_figures(args, figures, cpus)
     return 0
 
