@@ -48,9 +48,10 @@ def test_quick_run_prints_one_json_line_per_figure():
     )
     # Remat keeps only stage inputs: even at smoke-test sizes the pipeline needs less than the plain stack.
     assert memory["value"] < 1.0
-    # The tensors' own peak never exceeds the allocator's, which also counts unsplit chunks.
+    # In the traced step, the tensors' own peak never exceeds the allocator's (which counts whole chunks).
     for figure in (memory, by_name["memory_loss_outside"]):
         for side in ("pipeline", "plain"):
-            assert figure["weight_bytes"] < figure[f"{side}_live_peak_bytes"] <= figure[f"{side}_peak_bytes"]
+            live, traced = figure[f"{side}_live_peak_bytes"], figure[f"{side}_traced_peak_bytes"]
+            assert figure["weight_bytes"] < live <= traced
     # With the loss in the last stage, the full batch's output and its gradient never exist at once.
     assert memory["pipeline_live_peak_bytes"] < by_name["memory_loss_outside"]["pipeline_live_peak_bytes"]

@@ -20,8 +20,9 @@ both see the same machine load; the best step of each side counts (load only eve
   and a per-example squared error is the last layer, so the loss runs inside the last stage, one
   micro-batch at a time (as pipeline schedules that take a loss function do); the unpipelined side
   runs the same layers on the whole batch. For information, ``live_tensor_ratio`` compares the peaks
-  of the tensors' own bytes in another traced step (``tools/memory_trace.py``): the allocator's peak
-  also counts the unused part of chunks it did not split.
+  of the tensors' own bytes in another, traced step (``tools/memory_trace.py``; ``*_traced_peak_bytes``
+  is the allocator's peak in that step): the allocator's peak also counts the unused part of chunks
+  it did not split. The two steps need not peak alike: the two devices' ops interleave differently.
 - memory_loss_outside: the same, with the loss computed after the pipeline on its concatenated
   output (what the speed figures do): the full batch's output, loss temporaries and gradient add to
   the pipeline's peak.
@@ -157,6 +158,7 @@ def run_worker(spec: dict) -> int:
                     "peak_bytes": int(peak),
                     "weight_bytes": int(weights),
                     "live_peak_bytes": traced["live_peak_bytes"],
+                    "traced_peak_bytes": traced["chunk_peak_bytes"],
                 }
             ),
             flush=True,
@@ -359,6 +361,7 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
             live_tensor_ratio=round(a["live_peak_bytes"] / b["live_peak_bytes"], 4),
             **{f"{side}_peak_bytes": x["peak_bytes"] for side, x in zip(sides, (a, b))},
             **{f"{side}_live_peak_bytes": x["live_peak_bytes"] for side, x in zip(sides, (a, b))},
+            **{f"{side}_traced_peak_bytes": x["traced_peak_bytes"] for side, x in zip(sides, (a, b))},
             weight_bytes=a["weight_bytes"], **details, **sizes,
         )  # fmt: skip
 

@@ -124,7 +124,7 @@ class GPipeTransformerLM(TransformerLM):
     layers one by one with their key/value caches. Measured through the trainer (2 shared CPU cores,
     4 min 15 s for the whole run): dev log_pplx 1.201 at the default 1000 steps, 6.8% above H. Its
     training loss stays within 2e-4 of the unpipelined model's (``GPipeTransformerLM.num_stages = 1``,
-    ``num_micro_batches = 1``); on a CPU host the unpipelined model is as fast, since TF
+    ``num_micro_batches = 1``); on a CPU host the unpipelined model is at least as fast, since TF
     already spreads one device's ops over both cores (README, "Pipelining a model with GPipe").
     """
 
