@@ -1,0 +1,140 @@
+"""Predicts a pipelined step from per-stage costs: step time, bubble and micro-batches in flight.
+
+The costs are one micro-batch's forward, backward and recompute time on each stage (seconds), and the
+time to hand a micro-batch's activation or gradient to the next stage. They can come from a measured
+step (time each stage alone at the micro-batch size), from the partition's FLOP counts and a device
+speed, or be given by hand; ``simulate`` lays the schedule of ``layers.pipeline_schedule`` out with
+them. The model assumes what the pipeline is built for: each stage owns its device, a stage runs one
+op at a time, and nothing but the hand-offs is shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from layers import pipeline_schedule as schedules
+
+DEFAULT_BACKWARD_RATIO = 2.0  # a dense layer's backward is two matmuls of its forward's size
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCosts:
+    """Per-stage durations (seconds) of one micro-batch's forward, backward and recompute."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    recompute: tuple[float, ...]
+    transfer: float = 0.0
+
+    def __post_init__(self) -> None:
+        k = len(self.forward)
+        if k == 0:
+            raise ValueError("StageCosts needs at least one stage")
+        for name in ("backward", "recompute"):
+            if len(getattr(self, name)) != k:
+                raise ValueError(f"StageCosts.{name} has {len(getattr(self, name))} stages, forward {k}")
+        for name in ("forward", "backward", "recompute"):
+            if any(not (c >= 0.0) for c in getattr(self, name)):
+                raise ValueError(f"StageCosts.{name} must be >= 0 seconds, got {getattr(self, name)}")
+        if not self.transfer >= 0.0:
+            raise ValueError(f"StageCosts.transfer must be >= 0 seconds, got {self.transfer}")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward)
+
+    @classmethod
+    def given(
+        cls,
+        forward: Sequence[float],
+        backward: Sequence[float] | None = None,
+        recompute: Sequence[float] | None = None,
+        transfer: float = 0.0,
+    ) -> StageCosts:
+        """Costs by hand: backward defaults to 2x forward, recompute to the forward."""
+        fwd = tuple(float(f) for f in forward)
+        bwd = tuple(float(b) for b in backward) if backward is not None else tuple(
+            DEFAULT_BACKWARD_RATIO * f for f in fwd
+        )  # fmt: skip
+        rec = tuple(float(r) for r in recompute) if recompute is not None else fwd
+        return cls(fwd, bwd, rec, float(transfer))
+
+    @classmethod
+    def from_flops(
+        cls,
+        flops: Sequence[float],
+        flops_per_second: float,
+        backward_ratio: float = DEFAULT_BACKWARD_RATIO,
+        transfer: float = 0.0,
+    ) -> StageCosts:
+        """Costs from each stage's forward FLOPs for one micro-batch and the device's sustained speed."""
+        if not flops_per_second > 0:
+            raise ValueError(f"flops_per_second must be > 0, got {flops_per_second}")
+        fwd = [f / flops_per_second for f in flops]
+        return cls.given(fwd, [backward_ratio * f for f in fwd], fwd, transfer)
+
+    def scaled(self, factor: float) -> StageCosts:
+        """The same costs ``factor`` times slower (e.g. a micro-batch ``factor`` times bigger)."""
+        return StageCosts(
+            tuple(f * factor for f in self.forward),
+            tuple(b * factor for b in self.backward),
+            tuple(r * factor for r in self.recompute),
+            self.transfer * factor,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A simulated step."""
+
+    schedule: str
+    num_stages: int
+    num_micro_batches: int
+    remat: str
+    step_time: float
+    bubble: float
+    peak_in_flight: tuple[int, ...]
+    events: tuple[schedules.Event, ...]
+
+    def summary(self) -> dict[str, Any]:
+        """The figures, JSON-ready (no events)."""
+        return {
+            "schedule": self.schedule,
+            "num_stages": self.num_stages,
+            "num_micro_batches": self.num_micro_batches,
+            "remat": self.remat,
+            "step_time_s": self.step_time,
+            "bubble": self.bubble,
+            "theoretical_bubble": schedules.theoretical_bubble(self.num_stages, self.num_micro_batches),
+            "peak_in_flight": list(self.peak_in_flight),
+        }
+
+
+def simulate(schedule: str, num_micro_batches: int, remat: str, costs: StageCosts) -> Prediction:
+    """Lays ``schedule`` out over ``costs.num_stages`` stages with ``costs``; see the module doc."""
+    orders = schedules.stage_orders(schedule, costs.num_stages, num_micro_batches, remat)
+    cost = {
+        schedules.FORWARD: costs.forward,
+        schedules.BACKWARD: costs.backward,
+        schedules.RECOMPUTE: costs.recompute,
+    }
+    evs = schedules.timeline(orders, cost, costs.transfer)
+    return Prediction(
+        schedule=schedule,
+        num_stages=costs.num_stages,
+        num_micro_batches=num_micro_batches,
+        remat=remat,
+        step_time=schedules.step_time(evs),
+        bubble=schedules.bubble(evs),
+        peak_in_flight=tuple(schedules.peak_in_flight(evs)),
+        events=tuple(evs),
+    )
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """|predicted - measured| / measured."""
+    if not measured > 0:
+        raise ValueError(f"measured must be > 0, got {measured}")
+    return abs(predicted - measured) / measured

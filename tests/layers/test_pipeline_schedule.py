@@ -1,0 +1,111 @@
+"""Pipeline schedules as data: orders, dependencies, bubble and in-flight counts against the formulas."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from layers import pipeline_schedule as ps
+
+GRID = list(itertools.product(ps.SCHEDULES, ps.REMAT_POLICIES, (1, 2, 3, 4, 8), (1, 2, 4, 8, 16)))
+
+
+@pytest.mark.parametrize("schedule,remat,k,m", GRID)
+def test_every_op_runs_once_in_dependency_order(schedule, remat, k, m):
+    evs = ps.events(schedule, k, m, remat)
+    ops = [e.op for e in evs]
+    assert len(ops) == len(set(ops))
+    remat_of = ps.remat_micro_batches(remat, m)
+    expected = {ps.Op(s, b, ps.FORWARD) for s in range(k) for b in range(m)}
+    expected |= {ps.Op(s, b, ps.BACKWARD) for s in range(k) for b in range(m)}
+    expected |= {ps.Op(s, b, ps.RECOMPUTE) for s in range(k) for b in range(m) if remat_of[b]}
+    assert set(ops) == expected
+    end = {e.op: e.end for e in evs}
+    start = {e.op: e.start for e in evs}
+    for s, b in itertools.product(range(k), range(m)):
+        if s > 0:
+            assert start[ps.Op(s, b, ps.FORWARD)] >= end[ps.Op(s - 1, b, ps.FORWARD)]
+        grad_from = ps.Op(s + 1, b, ps.BACKWARD) if s < k - 1 else ps.Op(s, b, ps.FORWARD)
+        assert start[ps.Op(s, b, ps.BACKWARD)] >= end[grad_from]
+        if remat_of[b]:
+            assert start[ps.Op(s, b, ps.RECOMPUTE)] >= end[grad_from]
+            assert start[ps.Op(s, b, ps.BACKWARD)] >= end[ps.Op(s, b, ps.RECOMPUTE)]
+    for s in range(k):  # one op at a time per stage
+        mine = sorted((e for e in evs if e.stage == s), key=lambda e: e.start)
+        assert all(a.end <= b.start for a, b in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("schedule,remat,k,m", [g for g in GRID if g[1] != "except_last"])
+def test_bubble_is_the_closed_form_when_stages_cost_the_same(schedule, remat, k, m):
+    evs = ps.events(schedule, k, m, remat)
+    assert ps.bubble(evs) == pytest.approx(ps.theoretical_bubble(k, m), abs=1e-12)
+    per_micro_batch = 4.0 if remat == "always" else 3.0  # forward 1 + backward 2 (+ recompute 1)
+    assert ps.step_time(evs) == pytest.approx((m + k - 1) * per_micro_batch)
+
+
+@pytest.mark.parametrize(
+    "schedule,k,m", [(s, k, m) for s in ps.SCHEDULES for k in (1, 2, 4) for m in (2, 4, 8)]
+)
+def test_except_last_lies_between_never_and_always(schedule, k, m):
+    times = [ps.step_time(ps.events(schedule, k, m, r)) for r in ("never", "except_last", "always")]
+    assert times[0] < times[1] < times[2]
+
+
+@pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16, 32)])
+def test_in_flight_fill_drain_holds_every_micro_batch_one_f_one_b_at_most_k_minus_stage(k, m):
+    assert ps.peak_in_flight(ps.events("fill_drain", k, m)) == [m] * k
+    assert ps.peak_in_flight(ps.events("one_f_one_b", k, m)) == [min(k - s, m) for s in range(k)]
+
+
+def test_one_f_one_b_order_warms_up_then_alternates():
+    orders = ps.stage_orders("one_f_one_b", 4, 8)
+    kinds = ["F" if op.kind == ps.FORWARD else "B" for op in orders[1]]
+    assert "".join(kinds) == "FFF" + "BF" * 5 + "BBB"
+    assert [op.micro_batch for op in orders[1] if op.kind == ps.BACKWARD] == list(range(8))
+    last = orders[3]
+    assert "".join("F" if op.kind == ps.FORWARD else "B" for op in last) == "FB" * 8
+
+
+def test_fill_drain_order_is_gpipes():
+    order = ps.stage_orders("fill_drain", 2, 3, remat="always")[0]
+    assert [(op.kind[0], op.micro_batch) for op in order] == [
+        ("f", 0), ("f", 1), ("f", 2), ("r", 2), ("b", 2), ("r", 1), ("b", 1), ("r", 0), ("b", 0),
+    ]  # fmt: skip
+
+
+def test_except_last_skips_the_last_recompute():
+    assert ps.remat_micro_batches("except_last", 4) == [True, True, True, False]
+    assert ps.remat_micro_batches("never", 2) == [False, False]
+    assert ps.remat_micro_batches("always", 1) == [True]
+
+
+def test_timeline_uses_each_stage_cost_and_transfer():
+    orders = ps.stage_orders("fill_drain", 2, 1)
+    evs = ps.timeline(orders, {ps.FORWARD: [1.0, 3.0], ps.BACKWARD: [2.0, 5.0], ps.RECOMPUTE: [0, 0]}, 0.5)
+    placed = {(e.stage, e.kind): (e.start, e.end) for e in evs}
+    assert placed[(0, ps.FORWARD)] == (0.0, 1.0)
+    assert placed[(1, ps.FORWARD)] == (1.5, 4.5)
+    assert placed[(1, ps.BACKWARD)] == (4.5, 9.5)
+    assert placed[(0, ps.BACKWARD)] == (10.0, 12.0)
+
+
+def test_a_deadlocked_order_is_an_error():
+    bad = [[ps.Op(0, 0, ps.BACKWARD), ps.Op(0, 0, ps.FORWARD)]]
+    with pytest.raises(ValueError, match="deadlock"):
+        ps.timeline(bad, {kind: [1.0] for kind in ps.KINDS})
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: ps.stage_orders("interleaved", 2, 2), "schedule must be one of"),
+        (lambda: ps.stage_orders("fill_drain", 0, 2), "num_stages must be an int >= 1"),
+        (lambda: ps.stage_orders("fill_drain", 2, True), "num_micro_batches"),
+        (lambda: ps.remat_micro_batches("sometimes", 2), "remat must be one of"),
+        (lambda: ps.timeline([[]], {ps.FORWARD: [1.0]}), "one duration per stage"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

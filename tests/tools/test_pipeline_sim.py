@@ -1,0 +1,47 @@
+"""python -m tools.pipeline_sim as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.pipeline_sim", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_prints_both_schedules_and_writes_pngs(tmp_path):
+    out = _run(
+        "--num_stages=8", "--num_micro_batches=32", "--forward_ms=2", "--remat=always", f"--png={tmp_path}/k8"
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [line["schedule"] for line in lines] == ["fill_drain", "one_f_one_b"]
+    assert lines[0]["peak_in_flight"] == [32] * 8
+    assert lines[1]["peak_in_flight"] == [8, 7, 6, 5, 4, 3, 2, 1]
+    assert lines[0]["step_time_s"] == lines[1]["step_time_s"]
+    for line in lines:
+        assert Image.open(line["png"]).size[0] == 1200
+
+
+def test_bad_costs_exit_2_with_one_line():
+    out = _run("--num_stages=2", "--num_micro_batches=8", "--forward_ms=1,2,3")
+    assert out.returncode == 2
+    assert (
+        out.stderr.strip() == "pipeline_sim: error: --forward_ms has 3 values; give one, or one per stage (2)"
+    )
+    out = _run("--num_stages=2", "--num_micro_batches=8", "--forward_ms=fast")
+    assert out.returncode == 2
+    assert "expected numbers" in out.stderr

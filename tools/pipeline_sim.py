@@ -1,0 +1,88 @@
+"""Simulates a pipelined step: step time, bubble and micro-batches in flight per stage, and a picture.
+
+    .venv/bin/python -m tools.pipeline_sim --num_stages=8 --num_micro_batches=32 --forward_ms=2
+    .venv/bin/python -m tools.pipeline_sim --num_stages=2 --num_micro_batches=8 \\
+        --forward_ms=3.1,2.4 --backward_ms=6.0,4.9 --remat=always --png=/tmp/k2
+
+Prints one JSON line per schedule (fill_drain, one_f_one_b, or the one named by --schedule). Stage
+costs are one micro-batch's time on each stage: give one value for every stage alike or one per
+stage; the backward defaults to twice the forward and the recompute to the forward. The model: each
+stage owns its device and runs one op at a time; --transfer_ms is added to every hand-off between
+stages. With --png=PREFIX it also writes PREFIX_<schedule>.png, one row per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from layers import pipeline_schedule as schedules
+from layers import pipeline_simulator as simulator
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.pipeline_sim",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--num_stages", type=int, required=True, help="K, the number of stages")
+    p.add_argument("--num_micro_batches", type=int, required=True, help="M, micro-batches per step")
+    p.add_argument("--schedule", choices=[*schedules.SCHEDULES, "both"], default="both")
+    p.add_argument("--remat", choices=schedules.REMAT_POLICIES, default="never")
+    p.add_argument("--forward_ms", required=True, help="forward time of one micro-batch: one value or K")
+    p.add_argument("--backward_ms", default=None, help="backward time: one value or K (default 2x forward)")
+    p.add_argument("--recompute_ms", default=None, help="recompute time: one value or K (default forward)")
+    p.add_argument("--transfer_ms", type=float, default=0.0, help="time of each hand-off between stages")
+    p.add_argument("--png", default=None, help="write PREFIX_<schedule>.png for each simulated schedule")
+    return p
+
+
+def _per_stage(flag: str, text: str | None, k: int) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) / 1e3 for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{flag}={text!r}: expected numbers separated by commas") from None
+    if len(values) == 1:
+        values = values * k
+    if len(values) != k:
+        raise ValueError(f"--{flag} has {len(values)} values; give one, or one per stage ({k})")
+    return values
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv[1:])
+    k = args.num_stages
+    try:
+        if k < 1 or args.num_micro_batches < 1:
+            raise ValueError("--num_stages and --num_micro_batches must be >= 1")
+        costs = simulator.StageCosts.given(
+            _per_stage("forward_ms", args.forward_ms, k),
+            _per_stage("backward_ms", args.backward_ms, k),
+            _per_stage("recompute_ms", args.recompute_ms, k),
+            args.transfer_ms / 1e3,
+        )
+    except ValueError as e:
+        print(f"pipeline_sim: error: {e}", file=sys.stderr)
+        return 2
+    names = schedules.SCHEDULES if args.schedule == "both" else (args.schedule,)
+    for name in names:
+        prediction = simulator.simulate(name, args.num_micro_batches, args.remat, costs)
+        line = prediction.summary()
+        if args.png:
+            from trainer import pipeline_picture
+
+            path = f"{args.png}_{name}.png"
+            title = f"{name}: K={k}, M={args.num_micro_batches}, remat={args.remat} (simulated)"
+            with open(path, "wb") as f:
+                f.write(pipeline_picture.draw_png(prediction.events, title))
+            line["png"] = path
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
