@@ -499,7 +499,7 @@ class _StageCall:
             xs = [tf.identity(a) for a in args]
         step = tf.cast(self._ctx.step, tf.int64) + tf.cast(zero, tf.int64)
         ctx = dataclasses.replace(self._ctx.for_micro_batch(self._m, record_updates=False), step=step)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, tf.name_scope("recompute"):
             tape.watch([x for x in xs if x.dtype.is_floating])
             tape.watch(variables)
             y = self._fn(ctx, tf.nest.pack_sequence_as(structure, xs))

@@ -23,7 +23,7 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
 from trainer import tf_startup  # noqa: E402
 
-MODES = ("train", "inspect_params", "inspect_datasets")
+MODES = ("train", "inspect_params", "inspect_datasets", "profile_pipeline")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -43,7 +43,9 @@ flags.DEFINE_enum(
     "train",
     MODES,
     "train: run the jobs named by --job. inspect_params: print "
-    "the resolved Params and exit. inspect_datasets: print each data set's input Params.",
+    "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
+    "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
+    "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
 )
 flags.DEFINE_list(
     "job",
@@ -122,7 +124,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(inspect_datasets(root))
         return 0
     if not FLAGS.logdir:
-        raise ConfigError("--logdir is required to train (a local path or a tf.io.gfile URI)")
+        raise ConfigError(f"--logdir is required by --mode={FLAGS.mode} (a local path or a tf.io.gfile URI)")
+    if FLAGS.mode == "profile_pipeline":
+        from trainer import pipeline_profile
+
+        return pipeline_profile.run(root, FLAGS.logdir, log=print)
     from trainer import launcher
 
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job)

@@ -113,6 +113,17 @@ class TrainStep:
         )
         return finite, outputs
 
+    def gradients_function(self):
+        """A compiled forward and backward pass on the next train batch that updates nothing: returns
+        (loss, gradients). For looking at a step (profiling), not for training."""
+
+        def forward_backward() -> tuple[tf.Tensor, list]:
+            with tracing.user_errors():
+                loss, grads, _, _ = self._forward_backward()
+            return loss, [g for g in grads if g is not None]
+
+        return tf.function(forward_backward)
+
     # ---------------------------------------------------------------------------------- checks
     @tf.function
     def weights_finite(self) -> tf.Tensor:
