@@ -142,7 +142,7 @@ class LocalParallelLayer(BaseLayer):
             with _on(self._devices[b]):
                 self._heads.append(self.create_child(f"aux_head_{b}", hp))
         self._heads.append(None)
-        self._state: dict[int, list[tf.Variable]] | None = None
+        self._state: list[list[tf.Variable]] | None = None  # slot k's variables at index k - 1
         self._filled: tf.Variable | None = None
         if "param_bytes" not in costs:
             costs["param_bytes"] = [float(partition.parameter_bytes(x)) for x in self._layers]
@@ -258,7 +258,7 @@ class LocalParallelLayer(BaseLayer):
         """The hand-off state (empty before the first pipelined training call)."""
         if self._state is None:
             return []
-        return [self._filled, *[v for k in sorted(self._state) for v in self._state[k]]]
+        return [self._filled, *[v for slot in self._state for v in slot]]
 
     def partition_report(self) -> str:
         return self._report
@@ -361,7 +361,7 @@ class LocalParallelLayer(BaseLayer):
                 self.vars[f"handoff_{k}_{i}"] = v
         self.vars["filled"] = filled
         self._filled = filled
-        self._state = state
+        self._state = [state[k] for k in sorted(state)]
 
     def _slot_specs(self, x: Any, targets: Any) -> dict[int, tuple[Any, list[tf.TensorSpec]]]:
         """The structure and flat TensorSpecs of each slot 1..K-1, from a trace of the units."""
@@ -399,7 +399,7 @@ class LocalParallelLayer(BaseLayer):
         structure = self._slot_structure(k)
         n = len(tf.nest.flatten(structure))
         with _on(self._devices[self._start(k)]), tf.name_scope(f"handoff_{k}"):
-            values = [v.read_value() for v in self._state[k]]
+            values = [v.read_value() for v in self._state[k - 1]]
         return (
             tf.nest.pack_sequence_as(structure, values[:n]),
             self._pack_targets(values[n:]),
