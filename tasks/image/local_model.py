@@ -6,10 +6,10 @@ import tensorflow as tf
 
 from layers import local_parallel
 from layers.base_layer import BaseLayer, FPropContext
-from params.errors import ConfigError
+from params.errors import ConfigError, UserError
 from params.hyperparams import InstantiableParams
 from tasks import base_task, local
-from tasks.image.model import ImageClassifierTask, _get
+from tasks.image.model import ImageClassifierTask
 
 
 class LocalImageClassifierTask(ImageClassifierTask):
@@ -31,8 +31,10 @@ class LocalImageClassifierTask(ImageClassifierTask):
             raise ConfigError(f"{self.path}: params.body must be LocalParallelLayer.Params()")
 
     def compute_predictions(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict:
-        images = _get(batch, "image")
-        labels = tf.cast(_get(batch, "label"), tf.int32)
+        for key in ("image", "label"):
+            if key not in batch:
+                raise UserError(f"image task: the batch has no {key!r} (it has {', '.join(sorted(batch))})")
+        images, labels = batch["image"], tf.cast(batch["label"], tf.int32)
         targets = {"label": labels, "weight": self._weights(batch, labels)}
         out = self.body(ctx, images, targets)
         return {"features": out.output, "logits": self.softmax.logits(ctx, out.output), "local": out}

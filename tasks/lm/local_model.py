@@ -18,7 +18,7 @@ from params.hyperparams import InstantiableParams, Params
 from tasks import local
 from tasks.base_task import BaseTask, Metrics
 from tasks.lm import vocabulary
-from tasks.lm.model import TransformerLmTask
+from tasks.lm.metrics import token_metrics
 
 
 class LocalTransformerLmTask(BaseTask):
@@ -54,7 +54,15 @@ class LocalTransformerLmTask(BaseTask):
 
     def compute_loss(self, ctx: FPropContext, predictions: Any, batch: dict[str, tf.Tensor]) -> Metrics:
         out = predictions["local"]
-        metrics = TransformerLmTask.compute_loss(self, ctx, predictions, out.targets)
+        targets = out.targets
+        metrics, weights = token_metrics(
+            predictions["logits"], targets["labels"], targets["paddings"], self.params.label_smoothing
+        )
+        if "label_entropy" in targets:  # as TransformerLmTask: the gap to the best achievable value
+            num_tokens = metrics["log_pplx"][1]
+            best = tf.math.divide_no_nan(tf.reduce_sum(targets["label_entropy"] * weights), num_tokens)
+            metrics["achievable_log_pplx"] = (best, num_tokens)
+            metrics["log_pplx_gap"] = (metrics["log_pplx"][0] - best, num_tokens)
         return local.with_local_losses(metrics, out)
 
     def model_analysis(self) -> str:

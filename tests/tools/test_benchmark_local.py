@@ -29,7 +29,7 @@ def test_quick_run_prints_both_sides_of_each_ratio():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line["name"]: line for line in map(json.loads, proc.stdout.splitlines()) if "name" in line}
-    assert sorted(lines) == ["memory_vs_gpipe", "speedup_vs_backprop", "speedup_vs_gpipe"]
+    assert sorted(lines) == ["memory_vs_gpipe", "overlap", "speedup_vs_backprop", "speedup_vs_gpipe"]
     speed = lines["speedup_vs_backprop"]
     assert speed["value"] == pytest.approx(speed["backprop_step_s"] / speed["local_step_s"], rel=1e-3)
     memory = lines["memory_vs_gpipe"]

@@ -14,6 +14,10 @@ machine load; the best step of each counts (load only ever adds time). Figures:
 
 - speedup_vs_backprop: backprop step / local step (target 1.7);
 - speedup_vs_gpipe: gpipe step / local step (target 1.1);
+- overlap: the local step on one core (both devices, one thread) over the local step on two cores: how
+  much of the ideal 2 the two blocks' overlap gets on this machine now (for information; with
+  ``local_work_ratio``, the local step over the backprop step, both on one core: the aux head's and
+  hand-off's extra work);
 - memory_vs_gpipe: peak allocator bytes (BFC; the logical devices share it, so the process peak) of
   the local training step over the GPipe one, at the memory sizes (report). The local peak counts
   its hand-off state (kept between steps), which the figure also gives.
@@ -259,10 +263,13 @@ def main(argv: list[str]) -> int:
                 "local": {**base, **two_cores, "model": "local"},
                 "backprop": {**base, **one_core, "model": "plain"},
                 "gpipe": {**base, **two_cores, "model": "gpipe"},
+                "local_one_core": {**base, **one_core, "logical_devices": 2, "model": "local"},
             },
             args.steps,
         )
-        local_s, backprop_s, gpipe_s = (t[name]["best"] for name in ("local", "backprop", "gpipe"))
+        local_s, backprop_s, gpipe_s, local_1_s = (
+            t[name]["best"] for name in ("local", "backprop", "gpipe", "local_one_core")
+        )
         sizes = {"width": args.width, "depth": args.depth, "batch": args.batch, "blocks": 2}
         _emit(
             "speedup_vs_backprop", backprop_s / local_s, target=1.7, local_step_s=local_s,
@@ -273,6 +280,10 @@ def main(argv: list[str]) -> int:
             "speedup_vs_gpipe", gpipe_s / local_s, target=1.1, local_step_s=local_s, gpipe_step_s=gpipe_s,
             gpipe_micro_batches=8, gpipe_remat="never",
             median_ratio=round(t["gpipe"]["median"] / t["local"]["median"], 4), **sizes,
+        )  # fmt: skip
+        _emit(
+            "overlap", local_1_s / local_s, ideal=2.0, local_step_s=local_s, local_one_core_step_s=local_1_s,
+            local_work_ratio=round(local_1_s / backprop_s, 4), **sizes,
         )  # fmt: skip
     if "memory" in figures:
         base = {"width": args.memory_width, "depth": args.depth, "batch": args.memory_batch}
