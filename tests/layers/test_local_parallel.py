@@ -243,3 +243,27 @@ def test_bad_settings_are_one_line_config_errors(overrides, message):
         else:
             _net(**net_kwargs, **extra)
     assert "\n" not in str(e.value) and str(e.value).startswith("net")
+
+
+def test_blocks_reuse_gpipe_partitioning_and_devices():
+    layers = [
+        core.ProjectionLayer.Params().set(name=f"fc{i}", input_dim=DIM, output_dim=width, activation="tanh")
+        for i, width in enumerate([DIM, DIM, DIM])
+    ]
+    layers.append(core.ProjectionLayer.Params().set(name="wide", input_dim=DIM, output_dim=DIM * 40))
+    head = lp.PooledSoftmaxHead.Params().set(input_dim=DIM, num_classes=CLASSES)
+    p = lp.LocalParallelLayer.Params().set(
+        name="net",
+        layers=layers,
+        num_blocks=2,
+        partition_method="flops",
+        input_shape=[None, DIM],
+        aux_heads=[head],
+    )
+    net = p.instantiate()
+    assert net.block_bounds == [0, 3, 4]  # the wide layer costs more than the other three together
+    assert net.devices == ["/device:CPU:0", "/device:CPU:1"]
+    assert net.block_variables(1)[0].device.endswith("CPU:1")
+    assert net.head_variables(0)[0].device.endswith("CPU:0")
+    report = net.partition_report()
+    assert "4 layers in 2 blocks (window=1, stride=1, pipelined)" in report and "flops" in report
