@@ -155,3 +155,66 @@ class GPipeConvNet(ConvNet):
 
     def task_overrides(self, dataset: str) -> dict:
         return {} if dataset == "train" else {"body.sub[0].num_micro_batches": 1}
+
+
+@registry.register
+class LocalConvNet(ConvNet):
+    """ConvNet trained with local parallelism: its conv blocks cut into ``num_blocks`` blocks on as
+    many devices (the last block also holds the hidden layer), each block trained by its own loss.
+
+    Block k < K-1 ends in an aux head (global average pool + softmax); the last block's loss is the
+    task's. ``window`` / ``stride`` as in LocalParallelLayer (greedy 1/1, overlapping 2/1); chunked:
+    fewer blocks than conv layers (``num_layers = 4, num_blocks = 2``). Training is pipelined: block
+    k works on the batch block k-1 saw the step before. Accuracies: README, "Local parallelism".
+    """
+
+    def __init__(
+        self,
+        num_blocks: int = 2,
+        window: int = 1,
+        stride: int = 1,
+        pipelined: bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not 1 <= num_blocks <= self.num_layers:
+            raise ConfigError(
+                f"LocalConvNet: num_blocks must be in [1, num_layers={self.num_layers}], got {num_blocks}"
+            )
+        self.num_blocks = num_blocks
+        self.window = window
+        self.stride = stride
+        self.pipelined = pipelined
+
+    def task(self) -> Params:
+        from layers.local_parallel import PooledSoftmaxHead
+        from layers.partition import uniform_bounds
+        from tasks.image.local_model import LocalImageClassifierTask
+
+        plain = super().task()
+        layers = list(plain.body.sub)
+        starts = [i for i, lp in enumerate(layers) if lp.name.startswith("conv")]
+        bounds = uniform_bounds(self.num_layers, self.num_blocks)
+        split_points = [starts[b] for b in bounds[1:-1]]
+        heads = []
+        for b in bounds[1:-1]:
+            channels = layers[starts[b - 1]].filter_shape[-1]
+            heads.append(
+                PooledSoftmaxHead.Params().set(input_dim=channels, num_classes=DigitsInput.NUM_CLASSES)
+            )
+        p = LocalImageClassifierTask.Params()
+        p.train = plain.train
+        p.softmax = plain.softmax
+        p.body.set(
+            name="body",
+            layers=layers,
+            split_points=split_points,
+            aux_heads=heads,
+            window=self.window,
+            stride=self.stride,
+            pipelined=self.pipelined,
+        )
+        return p
+
+    def cluster(self) -> Params:
+        return cluster_params().set(num_logical_cpu_devices=self.num_blocks)

@@ -164,3 +164,62 @@ class GPipeTransformerLM(TransformerLM):
 
     def cluster(self) -> Params:
         return cluster_params().set(num_logical_cpu_devices=self.num_stages)
+
+
+@registry.register
+class LocalTransformerLM(TransformerLM):
+    """TransformerLM trained with local parallelism: embedding + ``num_layers`` layers + final layer
+    norm cut into ``num_blocks`` blocks on as many devices, block k < K-1 ending in a small softmax
+    (layer norm + projection to the vocabulary) that trains it; the last block's loss is the LM's.
+
+    ``window`` / ``stride`` as in LocalParallelLayer (greedy 1/1, overlapping 2/1); chunked: fewer
+    blocks than layers. ``num_blocks = 1`` is the same model trained with backprop (the baseline of
+    README's table). Untied softmax; no gradient clipping (a global norm would couple the blocks'
+    steps); no decoder job. Log-perplexities: README, "Local parallelism".
+    """
+
+    def __init__(
+        self,
+        num_blocks: int = 2,
+        window: int = 1,
+        stride: int = 1,
+        pipelined: bool = True,
+        num_layers: int = 4,
+        **kwargs,
+    ) -> None:
+        super().__init__(num_layers=num_layers, **kwargs)
+        if not 1 <= num_blocks <= num_layers:
+            raise ConfigError(f"LocalTransformerLM: num_blocks must be in [1, num_layers={num_layers}]")
+        self.num_blocks = num_blocks
+        self.window = window
+        self.stride = stride
+        self.pipelined = pipelined
+
+    def task(self) -> Params:
+        from layers.local_parallel import SequenceSoftmaxHead
+        from layers.partition import uniform_bounds
+        from tasks.lm.local_model import LocalTransformerLmTask, local_lm_layers
+
+        plain = super().task()
+        vocab_size = plain.vocab.size
+        p = LocalTransformerLmTask.Params()
+        p.vocab = plain.vocab
+        p.train = plain.train.set(clip_gradient_norm_to_value=0.0)
+        p.softmax.set(input_dim=self.model_dim)
+        bounds = uniform_bounds(self.num_layers, self.num_blocks)
+        head = SequenceSoftmaxHead.Params().set(input_dim=self.model_dim, num_classes=vocab_size)
+        p.local.set(
+            name="local",
+            layers=local_lm_layers(
+                vocab_size, self.model_dim, list(plain.stack.layers), self.seq_length, self.dropout_prob
+            ),
+            split_points=[1 + b for b in bounds[1:-1]],
+            aux_heads=[head.copy() for _ in bounds[1:-1]],
+            window=self.window,
+            stride=self.stride,
+            pipelined=self.pipelined,
+        )
+        return p
+
+    def cluster(self) -> Params:
+        return cluster_params().set(num_logical_cpu_devices=self.num_blocks)
