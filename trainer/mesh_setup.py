@@ -1,0 +1,153 @@
+"""The trainer on a device mesh: the mesh from ``cluster.mesh_*`` and a train step over DTensors.
+
+``MeshTrainStep`` builds the task inside ``layers.mesh.mesh_scope`` (so its variables are DVariables in
+their layouts), keeps the global step and the optimizer slots on the mesh, and runs the same
+forward/backward/learner code as ``TrainStep``. Two differences, both forced by DTensor: a DTensor
+function takes only DTensors, so each batch is read eagerly and copied onto the mesh (batch dimension
+split by the ``batch`` rule) before the compiled step runs, and ``run(n)`` is therefore a Python loop
+of ``n`` compiled steps rather than one ``tf.while_loop``. Gradients are laid out like their variables
+before the learner sees them. Checkpoints are the plain format: evalers and decoders build the task
+without a mesh and restore them as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from layers import mesh as mesh_lib
+from layers.base_layer import FPropContext
+from params.errors import ConfigError
+from params.hyperparams import Params
+from tasks.learner import Learner
+from trainer import tracing
+from trainer.train_step import RESERVED_SUMMARY_NAMES, TrainStep
+
+
+def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
+    """The mesh named by ``cluster.mesh_shape`` / ``mesh_axis_names`` / ``layout_rules`` (None: none)."""
+    shape = list(cluster.get("mesh_shape") or []) if "mesh_shape" in cluster else []
+    if not shape:
+        if "layout_rules" in cluster and cluster.layout_rules:
+            raise ConfigError("cluster.layout_rules is set but cluster.mesh_shape is empty; set both or neither")
+        return None
+    return mesh_lib.create_mesh(shape, list(cluster.mesh_axis_names), cluster.layout_rules)
+
+
+def make_train_step(cluster: Params, task_params: Params, input_params: Params) -> TrainStep:
+    """A ``MeshTrainStep`` when the cluster names a mesh, else the plain ``TrainStep``."""
+    mesh = mesh_from_cluster(cluster)
+    if mesh is None:
+        return TrainStep(task_params, input_params)
+    return MeshTrainStep(mesh, task_params, input_params)
+
+
+class MeshTrainStep(TrainStep):
+    """``TrainStep`` over a DTensor mesh (same attributes: task, input, iterator, global_step, learner)."""
+
+    def __init__(self, mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> None:
+        self.mesh = mesh
+        with mesh_lib.mesh_scope(mesh):
+            self.task = task_params.instantiate()
+        self.input = input_params.instantiate()
+        self.iterator = iter(self.input.dataset())
+        with tf.init_scope():
+            self.global_step = mesh.variable(tf.constant(0, tf.int64), [], "global_step", trainable=False)
+        self._variables = list(self.task.trainable_variables)
+        if not self._variables:
+            raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
+        self._layouts = [dtensor.fetch_layout(v) for v in self._variables]
+        self.learner = Learner(task_params.train, self._variables)
+        self._seed = self.task.params.random_seed
+        self._batch_axis = mesh.rules.get("batch")
+        self._step_fn = tf.function(self._one_step)
+        self._grads_fn = tf.function(self._loss_and_grads)
+
+    # ------------------------------------------------------------------------------ batches
+    def to_mesh(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """A batch of regular tensors -> DTensors, the batch dimension split by the ``batch`` rule."""
+
+        def one(x: tf.Tensor) -> tf.Tensor:
+            x = tf.convert_to_tensor(x)
+            rank = x.shape.rank
+            mapping = [None] * rank
+            if rank and self._batch_axis and x.shape[0] % self.mesh.axis_sizes[self._batch_axis] == 0:
+                mapping[0] = self._batch_axis
+            return self.mesh.to_layout(x, mapping)
+
+        return tf.nest.map_structure(one, batch)
+
+    # ---------------------------------------------------------------------------------- step
+    def _forward(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list, FPropContext, dict]:
+        ctx = FPropContext(training=True, step=self.global_step.read_value(), seed=self._seed)
+        with tf.GradientTape() as tape:
+            metrics = self.task.fprop(ctx, batch)
+            if "loss" not in metrics:
+                raise ConfigError(f"{type(self.task).__name__}.compute_loss must return a 'loss' entry")
+            loss = metrics["loss"][0]
+        grads = tape.gradient(loss, self._variables)
+        grads = [
+            None if g is None else dtensor.relayout(tf.convert_to_tensor(g), layout)
+            for g, layout in zip(grads, self._layouts)
+        ]
+        values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, (value, _) in metrics.items()}
+        return loss, grads, ctx, values
+
+    def _loss_and_grads(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
+        loss, grads, _, _ = self._forward(batch)
+        return loss, grads
+
+    def loss_and_grads(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
+        """Loss and gradients (in the variables' layouts) of one regular-tensor batch, no update."""
+        with tracing.user_errors():
+            return self._grads_fn(self.to_mesh(batch))
+
+    def _one_step(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        loss, grads, ctx, values = self._forward(batch)
+        finite = tf.reduce_all(tf.math.is_finite(loss))
+        clash = set(values) & set(RESERVED_SUMMARY_NAMES)
+        if clash:
+            raise ConfigError(
+                f"{type(self.task).__name__}: metric name(s) {sorted(clash)} clash with the trainer's own summaries"
+            )
+
+        def apply() -> dict[str, tf.Tensor]:
+            return self._apply(grads, ctx)
+
+        if_finite = tf.cond(finite, apply, lambda: {k: tf.zeros([], tf.float32) for k in _LEARNER_OUTPUTS})
+        return finite, {"task": values, "learner": if_finite}
+
+    def run(self, num_steps: int) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        """Up to ``num_steps`` compiled steps, one batch copied onto the mesh before each; stops at the
+        first non-finite loss (that step changes nothing). Outputs are regular (host) tensors."""
+        finite, outputs = tf.constant(True), None
+        with tracing.user_errors():
+            for _ in range(int(num_steps)):
+                batch = self.to_mesh(next(self.iterator))
+                finite, outputs = self._step_fn(batch)
+                finite = _host(finite)
+                if not bool(finite.numpy()):
+                    break
+        return finite, tf.nest.map_structure(_host, outputs)
+
+    def weights_finite(self) -> tf.Tensor:
+        """Whether every float variable of the task is finite (a host tensor)."""
+        return _host(self._weights_finite())
+
+    @tf.function
+    def _weights_finite(self) -> tf.Tensor:
+        checks = [tf.reduce_all(tf.math.is_finite(v)) for v in self.task.variables if v.dtype.is_floating]
+        return tf.reduce_all(tf.stack(checks))
+
+
+_LEARNER_OUTPUTS = ("learning_rate", "grad_norm", "grad_scale")
+
+
+def _host(x: Any) -> tf.Tensor:
+    """A replicated DTensor's value as a regular tensor (its first component)."""
+    try:
+        return dtensor.unpack(x)[0]
+    except (TypeError, ValueError, tf.errors.OpError):
+        return x
