@@ -6,8 +6,15 @@ forward/backward/learner code as ``TrainStep``. Two differences, both forced by 
 function takes only DTensors, so each batch is read eagerly and copied onto the mesh (batch dimension
 split by the ``batch`` rule) before the compiled step runs, and ``run(n)`` is therefore a Python loop
 of ``n`` compiled steps rather than one ``tf.while_loop``. Gradients are laid out like their variables
-before the learner sees them. Checkpoints are the plain format: evalers and decoders build the task
-without a mesh and restore them as usual.
+before the learner sees them.
+
+Checkpoints are the plain format, whatever the mesh: DTensor's saver takes only DTensors, so it cannot
+write the input iterator's state next to DVariables. ``MeshCheckpointer`` therefore saves a host
+mirror (the same task and learner built without a mesh, and a plain global step) into which each
+save copies the full values of the DVariables, and out of which a restore copies them back, split by
+each variable's layout. The file is exactly what an unsharded trainer writes: any mesh, or none, and
+evalers and decoders restore it as usual. The cost is one full host copy of the weights and optimizer
+state (on a CPU mesh the same memory; on accelerators host RAM, not device memory).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
 from trainer import tracing
+from trainer.checkpointer import Checkpointer
 from trainer.train_step import RESERVED_SUMMARY_NAMES, TrainStep
 
 
@@ -64,6 +72,40 @@ class MeshTrainStep(TrainStep):
         self._batch_axis = mesh.rules.get("batch")
         self._step_fn = tf.function(self._one_step)
         self._grads_fn = tf.function(self._loss_and_grads)
+        self._task_params = task_params
+        self._mirror: tuple | None = None
+
+    # ------------------------------------------------------------------------- host mirror
+    def host_mirror(self) -> tuple[tf.Module, Learner, tf.Variable]:
+        """(task, learner, global_step) built without a mesh: what a plain checkpoint holds."""
+        if self._mirror is None:
+            task = self._task_params.instantiate()
+            learner = Learner(self._task_params.train, list(task.trainable_variables))
+            with tf.init_scope():
+                global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self._mirror = (task, learner, global_step)
+        return self._mirror
+
+    def _pairs(self) -> list[tuple[tf.Variable, tf.Variable]]:
+        task, learner, global_step = self.host_mirror()
+        sharded = {v.name: v for v in self.task.variables}
+        pairs = [(sharded[v.name], v) for v in task.variables]
+        pairs += list(zip(self.learner.slot_variables(), learner.slot_variables()))
+        return pairs + [(self.global_step, global_step)]
+
+    def store_host(self) -> None:
+        """Copies every DVariable's full value into the host mirror (before a save)."""
+        for dvar, host in self._pairs():
+            layout = dtensor.fetch_layout(dvar)
+            full = dtensor.relayout(dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank))
+            host.assign(dtensor.unpack(full)[0])
+
+    def load_host(self) -> None:
+        """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
+        for dvar, host in self._pairs():
+            layout = dtensor.fetch_layout(dvar)
+            value = dtensor.copy_to_mesh(host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank))
+            dvar.assign(dtensor.relayout(value, layout))
 
     # ------------------------------------------------------------------------------ batches
     def to_mesh(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -140,6 +182,41 @@ class MeshTrainStep(TrainStep):
     def _weights_finite(self) -> tf.Tensor:
         checks = [tf.reduce_all(tf.math.is_finite(v)) for v in self.task.variables if v.dtype.is_floating]
         return tf.reduce_all(tf.stack(checks))
+
+
+class MeshCheckpointer(Checkpointer):
+    """A ``Checkpointer`` of a ``MeshTrainStep`` writing and reading the plain format (module doc)."""
+
+    def __init__(self, train_dir: str, max_to_keep: int, step: MeshTrainStep) -> None:
+        task, learner, global_step = step.host_mirror()
+        super().__init__(
+            train_dir, max_to_keep, task=task, learner=learner, global_step=global_step, iterator=step.iterator
+        )
+        self._step = step
+
+    def restore_latest(self) -> str | None:
+        path = super().restore_latest()
+        if path is not None:
+            self._step.load_host()
+        return path
+
+    def save(self, step: int) -> str:
+        self._step.store_host()
+        return super().save(step)
+
+
+def make_checkpointer(train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
+    """The checkpointer of a train step: the task, learner, global step and input position."""
+    if isinstance(step, MeshTrainStep):
+        return MeshCheckpointer(train_dir, max_to_keep, step)
+    return Checkpointer(
+        train_dir,
+        max_to_keep,
+        task=step.task,
+        learner=step.learner,
+        global_step=step.global_step,
+        iterator=step.iterator,
+    )
 
 
 _LEARNER_OUTPUTS = ("learning_rate", "grad_norm", "grad_scale")
