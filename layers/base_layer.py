@@ -199,7 +199,11 @@ class BaseLayer(tf.Module):
         """The checked split mapping of weight ``name``: the layer's ``weight_split_dims_mapping``
         where set, else the mesh's layout rules over ``wp.dims``."""
         shape = list(wp.shape)
-        override = self.params.get("weight_split_dims_mapping") if "weight_split_dims_mapping" in self.params else None
+        override = (
+            self.params.get("weight_split_dims_mapping")
+            if "weight_split_dims_mapping" in self.params
+            else None
+        )
         mapping = None
         if isinstance(override, dict):
             mapping = override.get(name)
@@ -214,9 +218,15 @@ class BaseLayer(tf.Module):
         ``activation_split_dims_mapping`` or the rules (``batch`` first, ``last_dim`` last)."""
         if self._mesh is None:
             return x
+        return self._mesh.shard(x, self.activation_split(x, last_dim))
+
+    def activation_split(self, x: tf.Tensor, last_dim: str | None = None) -> list:
+        """The checked split mapping of the layer's output ``x`` (see ``shard_activation``)."""
         rank = x.shape.rank
         override = (
-            self.params.get("activation_split_dims_mapping") if "activation_split_dims_mapping" in self.params else None
+            self.params.get("activation_split_dims_mapping")
+            if "activation_split_dims_mapping" in self.params
+            else None
         )
         if override is not None:
             mapping = override
@@ -225,8 +235,7 @@ class BaseLayer(tf.Module):
             if rank > 1:
                 names[-1] = last_dim
             mapping = self._mesh.mapping_from_names(names)
-        mapping = self._mesh.check(self.path, "activation", x.shape.as_list(), mapping)
-        return self._mesh.shard(x, mapping)
+        return self._mesh.check(self.path, "activation", x.shape.as_list(), mapping)
 
     MAIN_WEIGHT = "w"
 

@@ -50,7 +50,9 @@ class ProjectionLayer(BaseLayer):
         p.define("output_dim", 0, "Size of the output's last dimension.")
         p.define("activation", "none", f"Activation after the affine map: {', '.join(activations.names())}.")
         p.define("has_bias", True, "Whether to add a bias (initialized to zero).")
-        p.define("input_dim_name", None, "On a mesh: logical name of the input dim (layout rules), e.g. embed.")
+        p.define(
+            "input_dim_name", None, "On a mesh: logical name of the input dim (layout rules), e.g. embed."
+        )
         p.define("output_dim_name", None, "On a mesh: logical name of the output dim, e.g. hidden.")
         mesh_lib.define_split_params(p)
         return p
@@ -244,7 +246,9 @@ class SoftmaxLayer(BaseLayer):
         self._input_dim = checks.positive_int(self, "input_dim")
         self._num_classes = checks.positive_int(self, "num_classes")
         self._smoothing = checks.in_range(self, "label_smoothing", 0.0, 1.0, low_open=False, high_open=True)
-        self.create_variable("w", weight_params([self._input_dim, self._num_classes], dims=["embed", "vocab"]))
+        self.create_variable(
+            "w", weight_params([self._input_dim, self._num_classes], dims=["embed", "vocab"])
+        )
         self.create_variable("b", weight_params([self._num_classes], init=_zeros(), dims=["vocab"]))
 
     def logits(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:

@@ -45,7 +45,9 @@ def parse_layout_rules(rules: str | Mapping[str, Any] | None) -> dict[str, str]:
             if not item.strip():
                 continue
             if ":" not in item:
-                raise ConfigError(f"cluster.layout_rules: expected 'name:axis' items separated by ';', got {item!r}")
+                raise ConfigError(
+                    f"cluster.layout_rules: expected 'name:axis' items separated by ';', got {item!r}"
+                )
             name, axis = (s.strip() for s in item.split(":", 1))
             pairs.append((name, axis))
     elif isinstance(rules, Mapping):
@@ -56,7 +58,8 @@ def parse_layout_rules(rules: str | Mapping[str, Any] | None) -> dict[str, str]:
     for name, axis in pairs:
         if not isinstance(axis, str) or "," in axis or not axis:
             raise ConfigError(
-                f"cluster.layout_rules: {name!r} maps to {axis!r}; a dimension is split over one mesh axis at most"
+                f"cluster.layout_rules: {name!r} maps to {axis!r}; a dimension is split over one mesh "
+                "axis at most"
             )
         if name in result and result[name] != axis:
             raise ConfigError(
@@ -100,13 +103,19 @@ class DeviceMesh:
     def replicated(self, rank: int) -> dtensor.Layout:
         return dtensor.Layout.replicated(self.mesh, rank)
 
-    def check(self, where: str, what: str, shape: Sequence[int | None], mapping: Sequence[Any]) -> SplitMapping:
+    def check(
+        self, where: str, what: str, shape: Sequence[int | None], mapping: Sequence[Any]
+    ) -> SplitMapping:
         """Mesh-TF's rules for one tensor; returns the mapping as a list. ``where`` names the layer."""
         if not isinstance(mapping, (list, tuple)):
-            raise ConfigError(f"{where}: {what} split mapping must be a list (one mesh axis or None per dim), got {mapping!r}")
+            raise ConfigError(
+                f"{where}: {what} split mapping must be a list (one mesh axis or None per dim), "
+                f"got {mapping!r}"
+            )
         if len(mapping) != len(shape):
             raise ConfigError(
-                f"{where}: {what} split mapping {list(mapping)} has {len(mapping)} entries for a tensor of rank "
+                f"{where}: {what} split mapping {list(mapping)} has {len(mapping)} entries for a tensor "
+                "of rank "
                 f"{len(shape)}"
             )
         seen: dict[str, int] = {}
@@ -115,14 +124,18 @@ class DeviceMesh:
                 continue
             if isinstance(axis, (list, tuple)):
                 raise ConfigError(
-                    f"{where}: {what} dimension {dim} is split over {list(axis)}; a dimension is split over one "
+                    f"{where}: {what} dimension {dim} is split over {list(axis)}; a dimension is split "
+                    "over one "
                     "mesh axis at most"
                 )
             if axis not in self.axis_sizes:
-                raise ConfigError(f"{where}: {what} dimension {dim} names mesh axis {axis!r}, not one of {self.axis_names}")
+                raise ConfigError(
+                    f"{where}: {what} dimension {dim} names mesh axis {axis!r}, not one of {self.axis_names}"
+                )
             if axis in seen:
                 raise ConfigError(
-                    f"{where}: {what} dimensions {seen[axis]} and {dim} are both split over mesh axis {axis!r}; "
+                    f"{where}: {what} dimensions {seen[axis]} and {dim} are both split over mesh axis "
+                    f"{axis!r}; "
                     "two dimensions of one tensor never share an axis"
                 )
             seen[axis] = dim
@@ -144,7 +157,9 @@ class DeviceMesh:
             return rep
         return dtensor.relayout(rep, self.layout(mapping))
 
-    def variable(self, value: tf.Tensor, mapping: Sequence[str | None], name: str, trainable: bool) -> tf.Variable:
+    def variable(
+        self, value: tf.Tensor, mapping: Sequence[str | None], name: str, trainable: bool
+    ) -> tf.Variable:
         """A DVariable holding ``value`` in ``mapping``'s layout."""
         return dtensor.DVariable(self.to_layout(value, mapping), name=name, trainable=trainable)
 
@@ -176,7 +191,11 @@ def create_mesh(
     shape, names = list(mesh_shape), list(mesh_axis_names)
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
         raise ConfigError(f"cluster.mesh_shape: expected a non-empty list of ints >= 1, got {mesh_shape!r}")
-    if len(names) != len(shape) or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+    if (
+        len(names) != len(shape)
+        or len(set(names)) != len(names)
+        or not all(isinstance(n, str) and n for n in names)
+    ):
         raise ConfigError(
             f"cluster.mesh_axis_names: expected {len(shape)} distinct names (one per mesh_shape entry), got "
             f"{mesh_axis_names!r}"

@@ -57,7 +57,9 @@ class Optimizer(tf.Module):
                         var_slots[slot_name] = _mesh_slot(var, list(shape), name)
                         continue
                     with tf.device(var.device):
-                        var_slots[slot_name] = tf.Variable(tf.zeros(shape, var.dtype), trainable=False, name=name)
+                        var_slots[slot_name] = tf.Variable(
+                            tf.zeros(shape, var.dtype), trainable=False, name=name
+                        )
                 # Appended to the list tracked since __init__, so a checkpoint restored before
                 # build() (deferred restoration) still reaches the new slots.
                 self.slots.append(var_slots)
@@ -87,7 +89,9 @@ class Optimizer(tf.Module):
                 raise ValueError(f"{self.name}: variable {var.name} was not given to build()")
             slots = self.slots[i]
             if isinstance(var, dtensor.DVariable):  # placed by its layout on the mesh
-                self._update(tf.convert_to_tensor(grad), var, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype))
+                self._update(
+                    tf.convert_to_tensor(grad), var, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype)
+                )
                 continue
             with tf.device(var.device):
                 grad = tf.convert_to_tensor(grad)
@@ -99,7 +103,9 @@ def _mesh_slot(var: tf.Variable, shape: list[int], name: str) -> tf.Variable:
     layout = dtensor.fetch_layout(var)
     if shape != var.shape.as_list():
         layout = dtensor.Layout.replicated(layout.mesh, len(shape))
-    return dtensor.DVariable(dtensor.call_with_layout(tf.zeros, layout, shape, var.dtype), trainable=False, name=name)
+    return dtensor.DVariable(
+        dtensor.call_with_layout(tf.zeros, layout, shape, var.dtype), trainable=False, name=name
+    )
 
 
 class Sgd(Optimizer):

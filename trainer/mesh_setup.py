@@ -39,7 +39,9 @@ def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
     shape = list(cluster.get("mesh_shape") or []) if "mesh_shape" in cluster else []
     if not shape:
         if "layout_rules" in cluster and cluster.layout_rules:
-            raise ConfigError("cluster.layout_rules is set but cluster.mesh_shape is empty; set both or neither")
+            raise ConfigError(
+                "cluster.layout_rules is set but cluster.mesh_shape is empty; set both or neither"
+            )
         return None
     return mesh_lib.create_mesh(shape, list(cluster.mesh_axis_names), cluster.layout_rules)
 
@@ -97,14 +99,18 @@ class MeshTrainStep(TrainStep):
         """Copies every DVariable's full value into the host mirror (before a save)."""
         for dvar, host in self._pairs():
             layout = dtensor.fetch_layout(dvar)
-            full = dtensor.relayout(dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank))
+            full = dtensor.relayout(
+                dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
+            )
             host.assign(dtensor.unpack(full)[0])
 
     def load_host(self) -> None:
         """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
         for dvar, host in self._pairs():
             layout = dtensor.fetch_layout(dvar)
-            value = dtensor.copy_to_mesh(host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank))
+            value = dtensor.copy_to_mesh(
+                host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
+            )
             dvar.assign(dtensor.relayout(value, layout))
 
     # ------------------------------------------------------------------------------ batches
@@ -152,7 +158,8 @@ class MeshTrainStep(TrainStep):
         clash = set(values) & set(RESERVED_SUMMARY_NAMES)
         if clash:
             raise ConfigError(
-                f"{type(self.task).__name__}: metric name(s) {sorted(clash)} clash with the trainer's own summaries"
+                f"{type(self.task).__name__}: metric name(s) {sorted(clash)} clash with the trainer's "
+                "own summaries"
             )
 
         def apply() -> dict[str, tf.Tensor]:
@@ -190,7 +197,12 @@ class MeshCheckpointer(Checkpointer):
     def __init__(self, train_dir: str, max_to_keep: int, step: MeshTrainStep) -> None:
         task, learner, global_step = step.host_mirror()
         super().__init__(
-            train_dir, max_to_keep, task=task, learner=learner, global_step=global_step, iterator=step.iterator
+            train_dir,
+            max_to_keep,
+            task=task,
+            learner=learner,
+            global_step=global_step,
+            iterator=step.iterator,
         )
         self._step = step
 

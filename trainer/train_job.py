@@ -84,7 +84,9 @@ class TrainLoop:
         files.write_text_atomic(params_path, params_text)
         self._writer = SummaryWriter(self.train_dir)
         self.step_fn = mesh_setup.make_train_step(self.root.cluster, self.task_params, self.root.input.train)
-        self.checkpointer = mesh_setup.make_checkpointer(self.train_dir, self.train.save_max_to_keep, self.step_fn)
+        self.checkpointer = mesh_setup.make_checkpointer(
+            self.train_dir, self.train.save_max_to_keep, self.step_fn
+        )
         path = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())
         if path:

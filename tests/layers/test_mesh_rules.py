@@ -64,7 +64,9 @@ def test_initial_values_do_not_depend_on_the_mesh():
     plain = _projection().instantiate()
     for shape in ([2, 2], [1, 4]):
         sharded = _build(_projection(), _mesh(shape))
-        full = dtensor.relayout(sharded.vars["w"].read_value(), dtensor.Layout.replicated(sharded.mesh.mesh, 2))
+        full = dtensor.relayout(
+            sharded.vars["w"].read_value(), dtensor.Layout.replicated(sharded.mesh.mesh, 2)
+        )
         tf.debugging.assert_equal(dtensor.unpack(full)[0], plain.vars["w"])
 
 
@@ -93,13 +95,17 @@ def test_sizes_divisible_by_the_axis():
     emb = EmbeddingLayer.Params().set(name="emb", vocab_size=10, embedding_dim=4)
     assert _error(emb, _mesh([1, 4])).startswith("emb: weight 'emb' dimension 0 (size 10) is not divisible")
     atten = MultiHeadAttention.Params().set(name="atten", input_dim=6, num_heads=2, fused_qkv=False)
-    assert _error(atten, _mesh([1, 4])).startswith("atten: weight 'w_q' dimension 1 (size 6) is not divisible")
+    assert _error(atten, _mesh([1, 4])).startswith(
+        "atten: weight 'w_q' dimension 1 (size 6) is not divisible"
+    )
 
 
 def test_heads_must_divide_by_the_axis():
     atten = MultiHeadAttention.Params().set(name="atten", input_dim=16, num_heads=2, fused_qkv=False)
     message = _error(atten, _mesh([1, 4]))
-    assert message == "atten: num_heads=2 is not divisible by mesh axis 'model' (size 4) that splits the heads"
+    assert (
+        message == "atten: num_heads=2 is not divisible by mesh axis 'model' (size 4) that splits the heads"
+    )
 
 
 def test_unknown_axes_and_bad_meshes():

@@ -18,7 +18,13 @@ RULES = "batch:data;hidden:model;heads:model;vocab:model"
 
 def _experiment() -> MeshTransformerLM:
     return MeshTransformerLM(
-        model_dim=8, num_heads=4, hidden_dim=16, num_layers=1, batch_size=4, seq_length=8, num_train_sequences=64
+        model_dim=8,
+        num_heads=4,
+        hidden_dim=16,
+        num_layers=1,
+        batch_size=4,
+        seq_length=8,
+        num_train_sequences=64,
     )
 
 
