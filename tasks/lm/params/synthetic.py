@@ -174,7 +174,9 @@ class MeshTransformerLM(TransformerLM):
     ``data`` and the feed-forward hidden units, attention heads and the (tied) vocabulary over
     ``model``; q/k/v use separate projections so the heads split whole (the vocabulary, 32 states + 4
     special tokens = 36, divides by a model axis of 2 or 4). Evaluation and decoding run unsharded
-    from the plain checkpoints (README, "Sharding over a mesh").
+    from the plain checkpoints (README, "Sharding over a mesh"). Measured through the trainer (2 CPU
+    cores shared with other jobs, load average 11 to 15; 4 min for the whole run): dev log_pplx 1.205
+    at the default 1000 steps (TransformerLM: 1.204), a gap of 0.012 nats to the achievable value.
     """
 
     def __init__(
