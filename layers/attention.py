@@ -96,7 +96,8 @@ class MultiHeadAttention(BaseLayer):
         heads = checks.positive_int(self, "num_heads")
         if self._hidden_dim % heads:
             raise ConfigError(f"{self.path}: num_heads={heads} must divide hidden_dim={self._hidden_dim}")
-        checks.in_range(self, "atten_dropout_prob", 0.0, 1.0, False, True)
+        if checks.in_range(self, "atten_dropout_prob", 0.0, 1.0, False, True) > 0:
+            mesh_lib.refuse_random(self, "atten_dropout_prob > 0")
         if p.fused_qkv and self._source_dim != self._input_dim:
             raise ConfigError(
                 f"{self.path}: fused_qkv needs source_dim == input_dim, got {self._source_dim} and "

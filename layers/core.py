@@ -177,6 +177,8 @@ class DropoutLayer(BaseLayer):
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
         self._keep_prob = checks.in_range(self, "keep_prob", 0.0, 1.0, low_open=True, high_open=False)
+        if self._keep_prob < 1.0:
+            mesh_lib.refuse_random(self, "keep_prob < 1")
 
     def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         x = checks.float_input(self, x)

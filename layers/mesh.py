@@ -232,6 +232,16 @@ def active_mesh() -> DeviceMesh | None:
     return _ACTIVE.get()
 
 
+def refuse_random(layer: Any, setting: str) -> None:
+    """Dropout is refused on a mesh: DTensor's stateless random ops mix each device into the seed, so
+    the masks (and so the model) would depend on the mesh, even on a 1x1 one."""
+    if layer.mesh is not None:
+        raise ConfigError(
+            f"{layer.path}: {setting} (dropout) is not supported on a device mesh: DTensor draws random "
+            "values per device, so the masks would depend on the mesh; set it to no dropout"
+        )
+
+
 def define_split_params(p: Any) -> None:
     """Adds GShard's two split-mapping Params to a layer's Params (both default to the rules)."""
     p.define(

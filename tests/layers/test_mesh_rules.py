@@ -6,7 +6,7 @@ from tensorflow.experimental import dtensor
 
 from layers import mesh as mesh_lib
 from layers.attention import MultiHeadAttention
-from layers.core import EmbeddingLayer, ProjectionLayer
+from layers.core import DropoutLayer, EmbeddingLayer, ProjectionLayer
 from params.errors import ConfigError
 
 RULES = "batch:data;hidden:model;heads:model;vocab:model"
@@ -119,3 +119,14 @@ def test_unknown_axes_and_bad_meshes():
         mesh_lib.create_mesh([2, 2], ["data", "data"])
     with pytest.raises(ConfigError, match="not a mesh axis"):
         mesh_lib.create_mesh([2, 2], ["data", "model"], "batch:replica")
+
+
+def test_dropout_is_refused_on_a_mesh():
+    dropout = DropoutLayer.Params().set(name="drop", keep_prob=0.9)
+    assert _error(dropout, _mesh()).startswith(
+        "drop: keep_prob < 1 (dropout) is not supported on a device mesh"
+    )
+    _build(DropoutLayer.Params().set(name="drop", keep_prob=1.0), _mesh())
+    atten = MultiHeadAttention.Params().set(name="atten", input_dim=8, num_heads=2, atten_dropout_prob=0.1)
+    assert "atten_dropout_prob > 0 (dropout) is not supported" in _error(atten, _mesh())
+    dropout.instantiate()  # off the mesh: as before
