@@ -26,6 +26,7 @@ from tensorflow.experimental import dtensor
 
 from layers import mesh as mesh_lib
 from layers.base_layer import FPropContext
+from layers.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
@@ -61,6 +62,11 @@ class MeshTrainStep(TrainStep):
         self.mesh = mesh
         with mesh_lib.mesh_scope(mesh):
             self.task = task_params.instantiate()
+        if any(isinstance(m, GPipeLayer) for m in self.task.submodules):
+            raise ConfigError(
+                f"task {task_params.cls.__name__}: a GPipe pipeline cannot run on a device mesh "
+                "(cluster.mesh_shape); use one or the other"
+            )
         self.input = input_params.instantiate()
         self.iterator = iter(self.input.dataset())
         with tf.init_scope():
