@@ -13,6 +13,11 @@ before TensorFlow starts.
   pass (the local components, summed), over the unsharded sum. It is a sum of the layers' outputs,
   an upper bound of what a forward pass keeps for the backward pass, not an allocator peak (CPU
   devices share one allocator and report no per-device peak).
+- step_peak_bytes_ratio_model{2,4}: the peak bytes of live tensors in one traced train step (above
+  what was live before it: weights, slots), from the profiler's allocator events
+  (``tools/memory_trace.py``), divided by the number of devices, over the unsharded step's peak. The
+  logical CPU devices share one allocator, so this is the process's peak split evenly; under SPMD every
+  device runs the same program on equal shards, and the devices' own peaks are at least this.
 - step_time_ratio_{data2,model2}: the train step's time on the 2x1 (data) and 1x2 (model) mesh over the
   unsharded model's; one core per device (the process's CPU affinity is limited to as many cores as
   the mesh has devices, one intra-op thread per op). Sides run in alternating rounds; the best round
@@ -56,6 +61,8 @@ def run_worker(spec: dict) -> int:
     devices = max(1, spec["devices"])
     if spec.get("pin"):
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:devices]))
+    if spec.get("memory"):
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -102,6 +109,12 @@ def run_worker(spec: dict) -> int:
     finally:
         BaseLayer.shard_activation = original
     out["activation_bytes"] = sum(recorded)
+    if spec.get("memory"):
+        from tools.memory_trace import live_tensor_peak
+
+        step.run(2)  # compiled and warmed up: the traced step allocates only what a step needs
+        traced = live_tensor_peak(lambda: bool(step.run(1)[0].numpy()))
+        out["step_peak_bytes"] = traced["live_peak_bytes"] - traced["resting_bytes"]
     if spec.get("steps"):
         step.run(2)  # compile and warm up
         times = []
@@ -160,6 +173,18 @@ def main(argv: list[str]) -> int:
             side["activation_bytes"] / base["activation_bytes"],
             sharded_bytes=side["activation_bytes"],
             unsharded_bytes=base["activation_bytes"],
+            **size,
+        )
+    peaks = {
+        k: _side({**size, "mesh": [1, k] if k > 1 else [], "devices": k, "memory": True}) for k in (1, 2, 4)
+    }
+    for k in (2, 4):
+        per_device = peaks[k]["step_peak_bytes"] / k
+        _emit(
+            f"step_peak_bytes_ratio_model{k}",
+            per_device / peaks[1]["step_peak_bytes"],
+            per_device_bytes=int(per_device),
+            unsharded_bytes=peaks[1]["step_peak_bytes"],
             **size,
         )
     sides = {
