@@ -16,6 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from layers import checks
+from layers import mesh as mesh_lib
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
@@ -80,7 +81,10 @@ class MultiHeadAttention(BaseLayer):
         p.define("use_bias", True, "Add biases to the q/k/v and output projections.")
         p.define("causal", False, "Each query attends only to itself and earlier positions.")
         p.define("atten_dropout_prob", 0.0, "Dropout probability on the attention weights (training).")
+        mesh_lib.define_split_params(p)
         return p
+
+    MAIN_WEIGHT = "w_o"
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
@@ -92,7 +96,8 @@ class MultiHeadAttention(BaseLayer):
         heads = checks.positive_int(self, "num_heads")
         if self._hidden_dim % heads:
             raise ConfigError(f"{self.path}: num_heads={heads} must divide hidden_dim={self._hidden_dim}")
-        checks.in_range(self, "atten_dropout_prob", 0.0, 1.0, False, True)
+        if checks.in_range(self, "atten_dropout_prob", 0.0, 1.0, False, True) > 0:
+            mesh_lib.refuse_random(self, "atten_dropout_prob > 0")
         if p.fused_qkv and self._source_dim != self._input_dim:
             raise ConfigError(
                 f"{self.path}: fused_qkv needs source_dim == input_dim, got {self._source_dim} and "
@@ -101,20 +106,47 @@ class MultiHeadAttention(BaseLayer):
         self._heads = heads
         self._head_dim = self._hidden_dim // heads
         zeros = weight_init_params("constant", 0.0)
+        # On a mesh the hidden (heads x head_dim) dimension splits by whole heads under the "heads"
+        # rule; a fused q/k/v weight is never split by the rules (its thirds would straddle devices).
+        heads_dims = ["embed", "heads"]
         if p.fused_qkv:
-            self.create_variable("w_qkv", weight_params([self._input_dim, 3 * self._hidden_dim]))
+            self.create_variable(
+                "w_qkv", weight_params([self._input_dim, 3 * self._hidden_dim], dims=["embed", None])
+            )
             if p.use_bias:
                 self.create_variable("b_qkv", weight_params([3 * self._hidden_dim], init=zeros))
         else:
-            self.create_variable("w_q", weight_params([self._input_dim, self._hidden_dim]))
-            self.create_variable("w_k", weight_params([self._source_dim, self._hidden_dim]))
-            self.create_variable("w_v", weight_params([self._source_dim, self._hidden_dim]))
+            self.create_variable("w_q", weight_params([self._input_dim, self._hidden_dim], dims=heads_dims))
+            self.create_variable("w_k", weight_params([self._source_dim, self._hidden_dim], dims=heads_dims))
+            self.create_variable("w_v", weight_params([self._source_dim, self._hidden_dim], dims=heads_dims))
             if p.use_bias:
                 for name in ("b_q", "b_k", "b_v"):
-                    self.create_variable(name, weight_params([self._hidden_dim], init=zeros))
-        self.create_variable("w_o", weight_params([self._hidden_dim, self._output_dim]))
+                    self.create_variable(name, weight_params([self._hidden_dim], init=zeros, dims=["heads"]))
+        self.create_variable(
+            "w_o", weight_params([self._hidden_dim, self._output_dim], dims=["heads", "embed"])
+        )
         if p.use_bias:
-            self.create_variable("b_o", weight_params([self._output_dim], init=zeros))
+            self.create_variable("b_o", weight_params([self._output_dim], init=zeros, dims=["embed"]))
+        self._heads_axis = self._check_heads_split()
+
+    def _check_heads_split(self) -> str | None:
+        """The mesh axis splitting the heads (None: not split); the heads must divide evenly."""
+        if self.mesh is None:
+            return None
+        axis = self.mesh.rules.get("heads")
+        if axis is not None and self._heads % self.mesh.axis_sizes[axis]:
+            raise ConfigError(
+                f"{self.path}: num_heads={self._heads} is not divisible by mesh axis {axis!r} "
+                f"(size {self.mesh.axis_sizes[axis]}) that splits the heads"
+            )
+        return axis
+
+    def _shard_heads(self, x: tf.Tensor) -> tf.Tensor:
+        """On a mesh, ``[batch, time, heads, head_dim]`` laid out by the batch and heads rules."""
+        if self.mesh is None:
+            return x
+        mapping = self.mesh.mapping_from_names(["batch", None, "heads", None])
+        return self.mesh.shard(x, self.mesh.check(self.path, "heads activation", x.shape.as_list(), mapping))
 
     @property
     def num_heads(self) -> int:
@@ -127,7 +159,10 @@ class MultiHeadAttention(BaseLayer):
     # ------------------------------------------------------------------------------ projections
     def _split_heads(self, x: tf.Tensor) -> tf.Tensor:
         shape = tf.shape(x)
-        return tf.reshape(x, tf.concat([shape[:-1], [self._heads, self._head_dim]], 0))
+        y = tf.reshape(x, tf.concat([shape[:-1], [self._heads, self._head_dim]], 0))
+        if self.mesh is not None and x.shape.rank == 3:
+            y = self._shard_heads(y)
+        return y
 
     def _weights(self, which: str) -> tuple[tf.Variable | tf.Tensor, tf.Tensor | None]:
         """The [in, hidden] weight and bias of 'q', 'k' or 'v' (slices of the fused ones)."""
@@ -187,7 +222,8 @@ class MultiHeadAttention(BaseLayer):
         shape = tf.shape(context)
         context = tf.reshape(context, tf.concat([shape[:2], [self._hidden_dim]], 0))
         out = tf.tensordot(context, self.vars["w_o"], 1)
-        return out + self.vars["b_o"] if "b_o" in self.vars else out
+        out = out + self.vars["b_o"] if "b_o" in self.vars else out
+        return self.shard_activation(out, "embed")
 
     def fprop(
         self,

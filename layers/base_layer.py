@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from layers import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 
@@ -44,13 +45,16 @@ def weight_params(
     init: Params | None = None,
     dtype: tf.DType | None = None,
     trainable: bool = True,
+    dims: list[str | None] | None = None,
 ) -> Params:
-    """Describes one weight: shape, initializer (None: the layer's weight_init), dtype, trainable."""
+    """Describes one weight: shape, initializer (None: the layer's weight_init), dtype, trainable, and
+    the logical names of its dimensions (``layers.mesh``'s layout rules split them on a mesh)."""
     p = Params()
     p.define("shape", list(shape), "Shape of the weight.")
     p.define("init", init, "weight_init_params(); None uses the layer's weight_init.")
     p.define("dtype", dtype, "dtype; None uses the layer's dtype.")
     p.define("trainable", trainable, "Whether the optimizer updates it.")
+    p.define("dims", list(dims) if dims else None, "Logical dimension names (None: never split).")
     return p
 
 
@@ -174,6 +178,7 @@ class BaseLayer(tf.Module):
         self._path = f"{parent.path}/{p.name}" if parent is not None else p.name
         self._child_names: list[str] = []
         self.vars: dict[str, tf.Variable] = {}
+        self._mesh = parent._mesh if parent is not None else mesh_lib.active_mesh()
 
     @property
     def params(self) -> Params:
@@ -184,6 +189,55 @@ class BaseLayer(tf.Module):
     def path(self) -> str:
         """Slash-separated path from the root layer, e.g. ``task/body/conv0``."""
         return self._path
+
+    @property
+    def mesh(self) -> mesh_lib.DeviceMesh | None:
+        """The device mesh this layer was built on (None: not sharded)."""
+        return self._mesh
+
+    def weight_split(self, name: str, wp: Params) -> list:
+        """The checked split mapping of weight ``name``: the layer's ``weight_split_dims_mapping``
+        where set, else the mesh's layout rules over ``wp.dims``."""
+        shape = list(wp.shape)
+        override = (
+            self.params.get("weight_split_dims_mapping")
+            if "weight_split_dims_mapping" in self.params
+            else None
+        )
+        mapping = None
+        if isinstance(override, dict):
+            mapping = override.get(name)
+        elif override is not None and name == self.MAIN_WEIGHT:
+            mapping = override
+        if mapping is None:
+            mapping = self._mesh.mapping_from_names(wp.dims or [None] * len(shape))
+        return self._mesh.check(self.path, f"weight {name!r}", shape, mapping)
+
+    def shard_activation(self, x: tf.Tensor, last_dim: str | None = None) -> tf.Tensor:
+        """On a mesh, relayouts the layer's output ``x [batch, ..., last]`` by its
+        ``activation_split_dims_mapping`` or the rules (``batch`` first, ``last_dim`` last)."""
+        if self._mesh is None:
+            return x
+        return self._mesh.shard(x, self.activation_split(x, last_dim))
+
+    def activation_split(self, x: tf.Tensor, last_dim: str | None = None) -> list:
+        """The checked split mapping of the layer's output ``x`` (see ``shard_activation``)."""
+        rank = x.shape.rank
+        override = (
+            self.params.get("activation_split_dims_mapping")
+            if "activation_split_dims_mapping" in self.params
+            else None
+        )
+        if override is not None:
+            mapping = override
+        else:
+            names = ["batch"] + [None] * (rank - 1)
+            if rank > 1:
+                names[-1] = last_dim
+            mapping = self._mesh.mapping_from_names(names)
+        return self._mesh.check(self.path, "activation", x.shape.as_list(), mapping)
+
+    MAIN_WEIGHT = "w"
 
     def children(self) -> dict[str, BaseLayer]:
         return {name: getattr(self, name) for name in self._child_names}
@@ -220,9 +274,13 @@ class BaseLayer(tf.Module):
         init = wp.init or self.params.weight_init
         var_path = f"{self.path}/{name}"
         seed = stateless_seed(self.params.random_seed, var_path)
+        mapping = self.weight_split(name, wp) if self._mesh is not None else None
         with tf.init_scope():
             value = initial_value(init, list(wp.shape), dtype, seed)
-            var = tf.Variable(value, name=var_path.replace("/", "."), trainable=wp.trainable)
+            if mapping is None:
+                var = tf.Variable(value, name=var_path.replace("/", "."), trainable=wp.trainable)
+            else:  # the same value on any mesh: computed whole, then split
+                var = self._mesh.variable(value, mapping, var_path.replace("/", "."), wp.trainable)
         self.vars[name] = var
         return var
 

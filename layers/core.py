@@ -12,6 +12,7 @@ import math
 import tensorflow as tf
 
 from layers import activations, checks
+from layers import mesh as mesh_lib
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from layers.containers import OnKeyLayer, RepeatLayer, SequentialLayer
 from layers.normalization import BatchNormLayer, LayerNorm
@@ -49,6 +50,11 @@ class ProjectionLayer(BaseLayer):
         p.define("output_dim", 0, "Size of the output's last dimension.")
         p.define("activation", "none", f"Activation after the affine map: {', '.join(activations.names())}.")
         p.define("has_bias", True, "Whether to add a bias (initialized to zero).")
+        p.define(
+            "input_dim_name", None, "On a mesh: logical name of the input dim (layout rules), e.g. embed."
+        )
+        p.define("output_dim_name", None, "On a mesh: logical name of the output dim, e.g. hidden.")
+        mesh_lib.define_split_params(p)
         return p
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
@@ -57,9 +63,10 @@ class ProjectionLayer(BaseLayer):
         self._input_dim = checks.positive_int(self, "input_dim")
         output_dim = checks.positive_int(self, "output_dim")
         self._act = activations.get(p.activation)
-        self.create_variable("w", weight_params([self._input_dim, output_dim]))
+        names = [p.input_dim_name, p.output_dim_name]
+        self.create_variable("w", weight_params([self._input_dim, output_dim], dims=names))
         if p.has_bias:
-            self.create_variable("b", weight_params([output_dim], init=_zeros()))
+            self.create_variable("b", weight_params([output_dim], init=_zeros(), dims=names[1:]))
 
     def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         x = checks.float_input(self, x)
@@ -67,7 +74,7 @@ class ProjectionLayer(BaseLayer):
         y = tf.tensordot(x, self.vars["w"], 1)  # einsum's CPU backward is ~40x slower here
         if self.params.has_bias:
             y += self.vars["b"]
-        return self._act(y)
+        return self.shard_activation(self._act(y), self.params.output_dim_name)
 
 
 class Conv2DLayer(BaseLayer):
@@ -170,6 +177,8 @@ class DropoutLayer(BaseLayer):
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
         self._keep_prob = checks.in_range(self, "keep_prob", 0.0, 1.0, low_open=True, high_open=False)
+        if self._keep_prob < 1.0:
+            mesh_lib.refuse_random(self, "keep_prob < 1")
 
     def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         x = checks.float_input(self, x)
@@ -189,13 +198,16 @@ class EmbeddingLayer(BaseLayer):
         p.define("vocab_size", 0, "Number of rows (ids are in [0, vocab_size)).")
         p.define("embedding_dim", 0, "Width of each embedding.")
         p.define("scale_sqrt_depth", False, "Whether to multiply the looked-up rows by sqrt(embedding_dim).")
+        mesh_lib.define_split_params(p)
         return p
+
+    MAIN_WEIGHT = "emb"
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
         vocab_size = checks.positive_int(self, "vocab_size")
         self._dim = checks.positive_int(self, "embedding_dim")
-        self.create_variable("emb", weight_params([vocab_size, self._dim]))
+        self.create_variable("emb", weight_params([vocab_size, self._dim], dims=["vocab", "embed"]))
 
     def emb_matrix(self) -> tf.Variable:
         """The [vocab_size, embedding_dim] matrix (unscaled)."""
@@ -205,10 +217,13 @@ class EmbeddingLayer(BaseLayer):
         ids = tf.convert_to_tensor(ids)
         if not ids.dtype.is_integer:
             raise ConfigError(f"{self.path}: ids must be ints, got dtype {ids.dtype.name}")
-        y = tf.gather(self.vars["emb"], ids)
+        if self.mesh is None:
+            y = tf.gather(self.vars["emb"], ids)
+        else:  # DTensor gathers from a vocab-split resource only through its value
+            y = tf.gather(self.vars["emb"].read_value(), ids)
         if self.params.scale_sqrt_depth:
             y *= tf.cast(math.sqrt(self._dim), y.dtype)
-        return y
+        return self.shard_activation(y, "embed")
 
 
 class SoftmaxLayer(BaseLayer):
@@ -225,6 +240,7 @@ class SoftmaxLayer(BaseLayer):
         p.define("input_dim", 0, "Size of the input's last dimension.")
         p.define("num_classes", 0, "Number of classes (labels are in [0, num_classes)).")
         p.define("label_smoothing", 0.0, "Probability mass spread evenly over all classes, in [0, 1).")
+        mesh_lib.define_split_params(p)
         return p
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
@@ -232,14 +248,16 @@ class SoftmaxLayer(BaseLayer):
         self._input_dim = checks.positive_int(self, "input_dim")
         self._num_classes = checks.positive_int(self, "num_classes")
         self._smoothing = checks.in_range(self, "label_smoothing", 0.0, 1.0, low_open=False, high_open=True)
-        self.create_variable("w", weight_params([self._input_dim, self._num_classes]))
-        self.create_variable("b", weight_params([self._num_classes], init=_zeros()))
+        self.create_variable(
+            "w", weight_params([self._input_dim, self._num_classes], dims=["embed", "vocab"])
+        )
+        self.create_variable("b", weight_params([self._num_classes], init=_zeros(), dims=["vocab"]))
 
     def logits(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         """Logits ``x @ w + b`` of shape ``x.shape[:-1] + [num_classes]``."""
         x = checks.float_input(self, x)
         checks.last_dim(self, x, self._input_dim, "input_dim")
-        return tf.tensordot(x, self.vars["w"], 1) + self.vars["b"]
+        return self.shard_activation(tf.tensordot(x, self.vars["w"], 1) + self.vars["b"], "vocab")
 
     def fprop(
         self, ctx: FPropContext, x: tf.Tensor, labels: tf.Tensor, weights: tf.Tensor | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from layers import checks
+from layers import mesh as mesh_lib
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from params.hyperparams import InstantiableParams
 
@@ -21,14 +22,17 @@ class LayerNorm(BaseLayer):
         p = super().Params()
         p.define("input_dim", 0, "Size of the normalized last dimension.")
         p.define("epsilon", 1e-6, "Added to the variance before the square root.")
+        mesh_lib.define_split_params(p)
         return p
+
+    MAIN_WEIGHT = "scale"
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
         self._dim = checks.positive_int(self, "input_dim")
         checks.in_range(self, "epsilon", 0.0, float("inf"), low_open=False, high_open=True)
-        self.create_variable("scale", weight_params([self._dim], init=_constant(1.0)))
-        self.create_variable("bias", weight_params([self._dim], init=_constant(0.0)))
+        self.create_variable("scale", weight_params([self._dim], init=_constant(1.0), dims=["embed"]))
+        self.create_variable("bias", weight_params([self._dim], init=_constant(0.0), dims=["embed"]))
 
     def fprop(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         x = checks.float_input(self, x)
@@ -37,7 +41,7 @@ class LayerNorm(BaseLayer):
         xs = tf.cast(x, checks.accumulation_dtype(dtype))
         mean, variance = tf.nn.moments(xs, axes=[-1], keepdims=True)
         normed = tf.cast((xs - mean) * tf.math.rsqrt(variance + self.params.epsilon), dtype)
-        return normed * self.vars["scale"] + self.vars["bias"]
+        return self.shard_activation(normed * self.vars["scale"] + self.vars["bias"], "embed")
 
 
 class BatchNormLayer(BaseLayer):

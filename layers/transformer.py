@@ -158,9 +158,21 @@ class TransformerFeedForward(BaseLayer):
         checks.in_range(self, "residual_dropout_prob", 0.0, 1.0, False, True)
         self.create_child("ln", LayerNorm.Params().set(input_dim=dim, epsilon=p.ln_epsilon))
         self.create_child(
-            "fc1", ProjectionLayer.Params().set(input_dim=dim, output_dim=hidden, activation=p.activation)
+            "fc1",
+            ProjectionLayer.Params().set(
+                input_dim=dim,
+                output_dim=hidden,
+                activation=p.activation,
+                input_dim_name="embed",
+                output_dim_name="hidden",
+            ),
         )
-        self.create_child("fc2", ProjectionLayer.Params().set(input_dim=hidden, output_dim=dim))
+        self.create_child(
+            "fc2",
+            ProjectionLayer.Params().set(
+                input_dim=hidden, output_dim=dim, input_dim_name="hidden", output_dim_name="embed"
+            ),
+        )
         self.create_child("relu_dropout", DropoutLayer.Params().set(keep_prob=_keep(p.relu_dropout_prob)))
         self.create_child(
             "residual_dropout", DropoutLayer.Params().set(keep_prob=_keep(p.residual_dropout_prob))

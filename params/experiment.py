@@ -34,6 +34,19 @@ def cluster_params() -> Params:
     )
     p.define("intra_op_threads", 0, "Threads one op may use (0: TensorFlow's default).")
     p.define("inter_op_threads", 0, "Ops run at once (0: TensorFlow's default).")
+    p.define(
+        "mesh_shape",
+        [],
+        "Device mesh of the trainer ([]: no mesh), e.g. [2, 2]: DTensor splits tensors over it "
+        "(README, 'Sharding over a mesh'); needs prod(mesh_shape) devices.",
+    )
+    p.define("mesh_axis_names", [], "One name per mesh_shape entry, e.g. ['data', 'model'].")
+    p.define(
+        "layout_rules",
+        "",
+        "Mesh-TF's layout rules: logical dimension -> mesh axis, e.g. 'batch:data;hidden:model;heads:model;"
+        "vocab:model' (names: batch, embed, hidden, heads, vocab).",
+    )
     return p
 
 

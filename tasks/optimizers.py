@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from params.errors import ConfigError
 from params.hyperparams import Params
@@ -51,9 +52,13 @@ class Optimizer(tf.Module):
             for i, var in enumerate(variables):
                 var_slots = {}
                 for slot_name, shape in self._slot_specs(var).items():
+                    name = f"{self.name}.{i}.{slot_name}"
+                    if isinstance(var, dtensor.DVariable):
+                        var_slots[slot_name] = _mesh_slot(var, list(shape), name)
+                        continue
                     with tf.device(var.device):
                         var_slots[slot_name] = tf.Variable(
-                            tf.zeros(shape, var.dtype), trainable=False, name=f"{self.name}.{i}.{slot_name}"
+                            tf.zeros(shape, var.dtype), trainable=False, name=name
                         )
                 # Appended to the list tracked since __init__, so a checkpoint restored before
                 # build() (deferred restoration) still reaches the new slots.
@@ -83,9 +88,24 @@ class Optimizer(tf.Module):
             if i is None:
                 raise ValueError(f"{self.name}: variable {var.name} was not given to build()")
             slots = self.slots[i]
+            if isinstance(var, dtensor.DVariable):  # placed by its layout on the mesh
+                self._update(
+                    tf.convert_to_tensor(grad), var, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype)
+                )
+                continue
             with tf.device(var.device):
                 grad = tf.convert_to_tensor(grad)
                 self._update(grad, var, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype))
+
+
+def _mesh_slot(var: tf.Variable, shape: list[int], name: str) -> tf.Variable:
+    """A zero slot of a DVariable: in the variable's layout when shaped like it, else replicated."""
+    layout = dtensor.fetch_layout(var)
+    if shape != var.shape.as_list():
+        layout = dtensor.Layout.replicated(layout.mesh, len(shape))
+    return dtensor.DVariable(
+        dtensor.call_with_layout(tf.zeros, layout, shape, var.dtype), trainable=False, name=name
+    )
 
 
 class Sgd(Optimizer):

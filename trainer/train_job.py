@@ -21,7 +21,7 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import files, model_analysis, progress
+from trainer import files, mesh_setup, model_analysis, progress
 from trainer.checkpointer import Checkpointer
 from trainer.lock import TrainerLock
 from trainer.summaries import SummaryWriter
@@ -83,14 +83,9 @@ class TrainLoop:
         params_changed = files.read_text(params_path) != params_text
         files.write_text_atomic(params_path, params_text)
         self._writer = SummaryWriter(self.train_dir)
-        self.step_fn = TrainStep(self.task_params, self.root.input.train)
-        self.checkpointer = Checkpointer(
-            self.train_dir,
-            self.train.save_max_to_keep,
-            task=self.step_fn.task,
-            learner=self.step_fn.learner,
-            global_step=self.step_fn.global_step,
-            iterator=self.step_fn.iterator,
+        self.step_fn = mesh_setup.make_train_step(self.root.cluster, self.task_params, self.root.input.train)
+        self.checkpointer = mesh_setup.make_checkpointer(
+            self.train_dir, self.train.save_max_to_keep, self.step_fn
         )
         path = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())

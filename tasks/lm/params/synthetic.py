@@ -223,3 +223,43 @@ class LocalTransformerLM(TransformerLM):
 
     def cluster(self) -> Params:
         return cluster_params().set(num_logical_cpu_devices=self.num_blocks)
+
+
+@registry.register
+class MeshTransformerLM(TransformerLM):
+    """TransformerLM sharded over a ``data`` x ``model`` mesh of logical CPU devices (DTensor).
+
+    Mesh-TF's layout rules ``batch:data; hidden:model; heads:model; vocab:model`` split the batch over
+    ``data`` and the feed-forward hidden units, attention heads and the (tied) vocabulary over
+    ``model``; q/k/v use separate projections so the heads split whole (the vocabulary, 32 states + 4
+    special tokens = 36, divides by a model axis of 2 or 4). Evaluation and decoding run unsharded
+    from the plain checkpoints (README, "Sharding over a mesh"). Measured through the trainer (2 CPU
+    cores shared with other jobs, load average 11 to 15; 4 min for the whole run): dev log_pplx 1.205
+    at the default 1000 steps (TransformerLM: 1.204), a gap of 0.012 nats to the achievable value.
+    """
+
+    def __init__(
+        self,
+        data_parallel: int = 2,
+        model_parallel: int = 2,
+        layout_rules: str = "batch:data;hidden:model;heads:model;vocab:model",
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.data_parallel = data_parallel
+        self.model_parallel = model_parallel
+        self.layout_rules = layout_rules
+
+    def task(self) -> Params:
+        p = super().task()
+        for layer in p.stack.layers:
+            layer.fused_qkv = False
+        return p
+
+    def cluster(self) -> Params:
+        return cluster_params().set(
+            num_logical_cpu_devices=self.data_parallel * self.model_parallel,
+            mesh_shape=[self.data_parallel, self.model_parallel],
+            mesh_axis_names=["data", "model"],
+            layout_rules=self.layout_rules,
+        )

@@ -1,0 +1,257 @@
+"""Mesh-TensorFlow's layouts on ``tf.experimental.dtensor``: any tensor dimension split over any mesh axis.
+
+A mesh is a grid of devices with named axes (``mesh_shape [2, 2]``, ``mesh_axis_names ['data',
+'model']``). Layers name the dimensions of their weights and activations with logical names
+(``batch``, ``length``, ``embed``, ``hidden``, ``heads``, ``vocab``); the experiment's
+``layout_rules`` map logical names to mesh axes (Mesh-TF's ``batch:data;hidden:model``), and a
+layer's ``weight_split_dims_mapping`` / ``activation_split_dims_mapping`` (GShard's names: one mesh
+axis or None per tensor dimension) override the rules where set. A split mapping becomes a DTensor
+``Layout``; DTensor's SPMD expansion inserts the collectives.
+
+Mesh-TF's rules are checked when a layer is built, each failure one line naming the layer: a
+dimension is split over one mesh axis at most, two dimensions of one tensor never share an axis, and
+a split dimension's size is divisible by its axis's size.
+
+Layers find the mesh through ``mesh_scope`` (a ``contextvars`` scope, like ``tf.name_scope``): a
+layer built inside ``with mesh_scope(mesh):`` (or under a parent built there) creates its variables
+as DVariables in their layouts; outside any scope nothing changes, so every model built without a
+mesh is exactly what it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from params.errors import ConfigError
+
+SplitMapping = list  # one mesh axis name (str) or None per tensor dimension
+
+_ACTIVE: contextvars.ContextVar[DeviceMesh | None] = contextvars.ContextVar("tensorpipe_mesh", default=None)
+
+
+def parse_layout_rules(rules: str | Mapping[str, Any] | None) -> dict[str, str]:
+    """Mesh-TF's ``'batch:data;hidden:model'`` (or a dict) -> ``{logical name: mesh axis}``."""
+    if rules is None or rules == "":
+        return {}
+    if isinstance(rules, str):
+        pairs = []
+        for item in rules.split(";"):
+            if not item.strip():
+                continue
+            if ":" not in item:
+                raise ConfigError(
+                    f"cluster.layout_rules: expected 'name:axis' items separated by ';', got {item!r}"
+                )
+            name, axis = (s.strip() for s in item.split(":", 1))
+            pairs.append((name, axis))
+    elif isinstance(rules, Mapping):
+        pairs = list(rules.items())
+    else:
+        raise ConfigError(f"cluster.layout_rules: expected 'name:axis;...' or a dict, got {rules!r}")
+    result: dict[str, str] = {}
+    for name, axis in pairs:
+        if not isinstance(axis, str) or "," in axis or not axis:
+            raise ConfigError(
+                f"cluster.layout_rules: {name!r} maps to {axis!r}; a dimension is split over one mesh "
+                "axis at most"
+            )
+        if name in result and result[name] != axis:
+            raise ConfigError(
+                f"cluster.layout_rules: {name!r} maps to both {result[name]!r} and {axis!r}; a dimension is "
+                "split over one mesh axis at most"
+            )
+        result[name] = axis
+    return result
+
+
+class DeviceMesh:
+    """A DTensor mesh and the experiment's layout rules."""
+
+    def __init__(self, mesh: dtensor.Mesh, layout_rules: Mapping[str, str] | None = None) -> None:
+        self.mesh = mesh
+        self.axis_names: list[str] = list(mesh.dim_names)
+        self.axis_sizes: dict[str, int] = {name: int(mesh.dim_size(name)) for name in self.axis_names}
+        self.rules = dict(layout_rules or {})
+        for name, axis in self.rules.items():
+            if axis not in self.axis_sizes:
+                raise ConfigError(
+                    f"cluster.layout_rules: {name!r} maps to {axis!r}, not a mesh axis of {self.axis_names}"
+                )
+
+    @property
+    def num_devices(self) -> int:
+        return int(self.mesh.num_local_devices())
+
+    def describe(self) -> str:
+        return " x ".join(f"{name}={size}" for name, size in self.axis_sizes.items())
+
+    # ------------------------------------------------------------------------------ mappings
+    def mapping_from_names(self, dim_names: Sequence[str | None]) -> SplitMapping:
+        """Logical dimension names -> split mapping by the layout rules (unknown names: None)."""
+        return [self.rules.get(name) if name else None for name in dim_names]
+
+    def layout(self, mapping: Sequence[str | None]) -> dtensor.Layout:
+        specs = [axis if axis else dtensor.UNSHARDED for axis in mapping]
+        return dtensor.Layout(specs, self.mesh)
+
+    def replicated(self, rank: int) -> dtensor.Layout:
+        return dtensor.Layout.replicated(self.mesh, rank)
+
+    def check(
+        self, where: str, what: str, shape: Sequence[int | None], mapping: Sequence[Any]
+    ) -> SplitMapping:
+        """Mesh-TF's rules for one tensor; returns the mapping as a list. ``where`` names the layer."""
+        if not isinstance(mapping, (list, tuple)):
+            raise ConfigError(
+                f"{where}: {what} split mapping must be a list (one mesh axis or None per dim), "
+                f"got {mapping!r}"
+            )
+        if len(mapping) != len(shape):
+            raise ConfigError(
+                f"{where}: {what} split mapping {list(mapping)} has {len(mapping)} entries for a tensor "
+                "of rank "
+                f"{len(shape)}"
+            )
+        seen: dict[str, int] = {}
+        for dim, axis in enumerate(mapping):
+            if axis is None:
+                continue
+            if isinstance(axis, (list, tuple)):
+                raise ConfigError(
+                    f"{where}: {what} dimension {dim} is split over {list(axis)}; a dimension is split "
+                    "over one "
+                    "mesh axis at most"
+                )
+            if axis not in self.axis_sizes:
+                raise ConfigError(
+                    f"{where}: {what} dimension {dim} names mesh axis {axis!r}, not one of {self.axis_names}"
+                )
+            if axis in seen:
+                raise ConfigError(
+                    f"{where}: {what} dimensions {seen[axis]} and {dim} are both split over mesh axis "
+                    f"{axis!r}; "
+                    "two dimensions of one tensor never share an axis"
+                )
+            seen[axis] = dim
+            size = shape[dim]
+            if size is not None and size % self.axis_sizes[axis]:
+                raise ConfigError(
+                    f"{where}: {what} dimension {dim} (size {size}) is not divisible by mesh axis {axis!r} "
+                    f"(size {self.axis_sizes[axis]})"
+                )
+        return list(mapping)
+
+    # ---------------------------------------------------------------------------- tensors
+    def to_layout(self, value: tf.Tensor, mapping: Sequence[str | None]) -> tf.Tensor:
+        """A regular tensor -> a DTensor on this mesh in ``mapping``'s layout (copied replicated, then
+        split, so the value does not depend on the mesh)."""
+        value = tf.convert_to_tensor(value)
+        rep = dtensor.copy_to_mesh(value, self.replicated(value.shape.rank))
+        if not any(mapping):
+            return rep
+        return dtensor.relayout(rep, self.layout(mapping))
+
+    def variable(
+        self, value: tf.Tensor, mapping: Sequence[str | None], name: str, trainable: bool
+    ) -> tf.Variable:
+        """A DVariable holding ``value`` in ``mapping``'s layout."""
+        return dtensor.DVariable(self.to_layout(value, mapping), name=name, trainable=trainable)
+
+    def zeros_like_variable(self, var: tf.Variable, name: str) -> tf.Variable:
+        """A non-trainable zero DVariable in ``var``'s layout (an optimizer slot)."""
+        layout = dtensor.fetch_layout(var)
+        return dtensor.DVariable(
+            dtensor.call_with_layout(tf.zeros, layout, var.shape, var.dtype), name=name, trainable=False
+        )
+
+    def shard(self, x: tf.Tensor, mapping: Sequence[str | None]) -> tf.Tensor:
+        """Relayouts a DTensor activation to ``mapping`` (inside a DTensor function)."""
+        return dtensor.relayout(x, self.layout(mapping))
+
+    def local_bytes(self, x: tf.Tensor | tf.Variable) -> int:
+        """Bytes of one device's component (the largest one) of a DTensor or DVariable."""
+        value = x.read_value() if isinstance(x, tf.Variable) else x
+        parts = dtensor.unpack(value)
+        return max(int(p.shape.num_elements()) * p.dtype.size for p in parts)
+
+
+def create_mesh(
+    mesh_shape: Sequence[int],
+    mesh_axis_names: Sequence[str],
+    layout_rules: str | Mapping[str, Any] | None = None,
+    device_type: str | None = None,
+) -> DeviceMesh:
+    """The first prod(mesh_shape) logical devices (GPUs when present, else CPUs) as a named mesh."""
+    shape, names = list(mesh_shape), list(mesh_axis_names)
+    if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
+        raise ConfigError(f"cluster.mesh_shape: expected a non-empty list of ints >= 1, got {mesh_shape!r}")
+    if (
+        len(names) != len(shape)
+        or len(set(names)) != len(names)
+        or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise ConfigError(
+            f"cluster.mesh_axis_names: expected {len(shape)} distinct names (one per mesh_shape entry), got "
+            f"{mesh_axis_names!r}"
+        )
+    if device_type is None:
+        device_type = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    devices = tf.config.list_logical_devices(device_type)
+    needed = 1
+    for s in shape:
+        needed *= s
+    if needed > len(devices):
+        raise ConfigError(
+            f"cluster.mesh_shape {shape} needs {needed} {device_type} devices, found {len(devices)} "
+            f"(set cluster.num_logical_cpu_devices : {needed})"
+        )
+    mesh = dtensor.create_mesh(
+        list(zip(names, shape)), devices=[d.name for d in devices[:needed]], device_type=device_type
+    )
+    return DeviceMesh(mesh, parse_layout_rules(layout_rules))
+
+
+@contextlib.contextmanager
+def mesh_scope(mesh: DeviceMesh | None) -> Iterator[DeviceMesh | None]:
+    """Layers built inside are sharded over ``mesh`` (None: built as usual)."""
+    token = _ACTIVE.set(mesh)
+    try:
+        yield mesh
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_mesh() -> DeviceMesh | None:
+    """The mesh of the innermost ``mesh_scope`` (None outside any)."""
+    return _ACTIVE.get()
+
+
+def refuse_random(layer: Any, setting: str) -> None:
+    """Dropout is refused on a mesh: DTensor's stateless random ops mix each device into the seed, so
+    the masks (and so the model) would depend on the mesh, even on a 1x1 one."""
+    if layer.mesh is not None:
+        raise ConfigError(
+            f"{layer.path}: {setting} (dropout) is not supported on a device mesh: DTensor draws random "
+            "values per device, so the masks would depend on the mesh; set it to no dropout"
+        )
+
+
+def define_split_params(p: Any) -> None:
+    """Adds GShard's two split-mapping Params to a layer's Params (both default to the rules)."""
+    p.define(
+        "weight_split_dims_mapping",
+        None,
+        "On a mesh: None (the layout rules decide), or {variable name: [mesh axis or None per dim]} "
+        "(a list alone applies to the layer's main weight).",
+    )
+    p.define(
+        "activation_split_dims_mapping",
+        None,
+        "On a mesh: None (the layout rules decide), or [mesh axis or None per dim] of the layer's output.",
+    )
