@@ -70,6 +70,12 @@ flags.DEFINE_multi_string(
 flags.DEFINE_multi_string(
     "gin_param", [], "Gin bindings, e.g. 'ConvNet.num_layers = 4'; applied after --gin_file."
 )
+flags.DEFINE_bool(
+    "allow_params_change",
+    False,
+    "Go on in a logdir whose params.txt names another experiment, other model shapes than its "
+    "checkpoint, or a finished run with changed settings (the logdir guard stops these by default).",
+)
 
 
 HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
@@ -125,7 +131,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--logdir is required to train (a local path or a tf.io.gfile URI)")
     from trainer import launcher
 
-    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job)
+    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
 
 
 def run() -> None:
