@@ -2,7 +2,7 @@
 
 In TensorFlow 2 there is no shared session for a separate controller to read the trainer's variables
 from, so the loop that runs the compiled steps is also the one that owns the logdir: it holds
-``train/LOCK``, writes ``params.txt`` (once the checkpoint is restored) and ``model_analysis.txt``, restores the latest checkpoint,
+``train/LOCK``, restores the latest checkpoint, then writes ``params.txt`` and ``model_analysis.txt``,
 writes train summaries, prints progress, and saves checkpoints.
 
 The host wakes up only at events: the next multiple of ``log_interval_steps``,
