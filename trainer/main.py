@@ -128,7 +128,9 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(inspect_datasets(root))
         return 0
     if not FLAGS.logdir:
-        raise ConfigError("--logdir is required to train (a local path or a tf.io.gfile URI)")
+        typo = FLAGS["log_dir"].present  # absl's own flag (its log files), silently taken otherwise
+        hint = "; --log_dir is absl's directory for its log files: did you mean --logdir?" if typo else ""
+        raise ConfigError(f"--logdir is required to train (a local path or a tf.io.gfile URI){hint}")
     from trainer import launcher
 
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
