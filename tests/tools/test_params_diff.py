@@ -5,12 +5,20 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import gin
 import pytest
 
 from params import experiment
 from params.errors import ConfigError
 from tests.trainer.runner import REPO, _env
 from tools import params_diff
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    yield
+    gin.clear_config()
+
 
 A = """model : 'x.Exp'
 task.body.sub[0].dim : 8
