@@ -174,3 +174,44 @@ def test_export_errors_are_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("export: error: ")
     assert "params.txt does not exist" in result.stderr
+
+
+def test_lm_export_continues_as_the_decoder_and_scores_log_probs(tmp_path):
+    """In-process (no training): a saved, restored LM's greedy continuation equals task.decode's."""
+    import gin
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
+    from trainer import checkpointer
+
+    try:
+        root = experiment.resolve(
+            "lm.synthetic.TransformerLM",
+            gin_bindings=["TransformerLM.model_dim = 16", "TransformerLM.hidden_dim = 32"],
+            params_override="input.dev.num_sequences : 8; input.dev.batch_size : 8",
+        )
+    finally:
+        gin.clear_config()
+    (tmp_path / "params.txt").write_text(root.to_text())
+    task = experiment.task_params_for(root, "dev").instantiate()
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(task=task),
+        str(tmp_path / "train"),
+        1,
+        checkpoint_name=checkpointer.CHECKPOINT_NAME,
+    )
+    manager.save(checkpoint_number=7)
+    target, names = export.export(str(tmp_path))
+    assert target.endswith("export/7") and names == ["greedy_continuation", "serving_default"]
+
+    batch = next(iter(root.input.dev.instantiate().dataset()))
+    expected = task.decode(FPropContext(training=False, seed=task.params.random_seed), batch)["hyp_ids"]
+    loaded = tf.saved_model.load(target)
+    prompt = batch["labels"][:, : root.task.decode.prompt_length]
+    got = loaded.signatures["greedy_continuation"](prompt=prompt)
+    np.testing.assert_array_equal(got["ids"].numpy(), expected.numpy())
+    log_probs = loaded.signatures["serving_default"](ids=batch["ids"], paddings=batch["paddings"])[
+        "log_probs"
+    ]
+    logits = task.compute_predictions(FPropContext(), batch)["logits"]
+    np.testing.assert_allclose(log_probs.numpy(), tf.nn.log_softmax(logits).numpy(), rtol=1e-4, atol=1e-5)
