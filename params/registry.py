@@ -88,7 +88,7 @@ def get(key: str) -> type:
     hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
     if not hint and "." in key.rpartition(".")[0]:
         hint = "; a class outside this repo needs its package's directory on PYTHONPATH"
-    raise ConfigError(f"unknown model {key!r}{hint} (python -m tools.list_models lists them all)")
+    raise ConfigError(f"unknown model {key!r}{hint} (.venv/bin/python -m tools.list_models lists them all)")
 
 
 def _import_by_path(key: str) -> type | None:

@@ -20,12 +20,12 @@ def available() -> list[str]:
 
 def main(argv: list[str]) -> int:
     names = available()
-    usage = f"usage: python -m tools.benchmark {{{','.join(names)}}} [flags]"
+    usage = f"usage: .venv/bin/python -m tools.benchmark {{{','.join(names)}}} [flags]"
     if len(argv) < 2:
         print(usage, file=sys.stderr)
         return 2
     if argv[1] in ("-h", "--help"):
-        print(f"{usage}\n\nEach benchmark's flags (python -m tools.benchmark NAME --help):")
+        print(f"{usage}\n\nEach benchmark's flags (.venv/bin/python -m tools.benchmark NAME --help):")
         tf_startup.import_tensorflow()
         for name in names:
             print(f"\n== {name} ==", flush=True)

@@ -101,7 +101,7 @@ def run_jobs(
     logdir_guard.check(root, logdir, trains="trainer" in names, allow=allow_params_change, log=log)
     check_logdir(logdir)
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
-    log(f"trainer: watch it with: tensorboard --logdir={logdir}")
+    log(f"trainer: watch it with: .venv/bin/tensorboard --logdir={logdir}")
     checkpoint_jobs: list[CheckpointJob] = []
     try:
         for name in names:

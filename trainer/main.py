@@ -97,7 +97,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def resolve_params() -> Params:
     """The frozen Params this invocation runs, from --model and every override flag."""
     if not FLAGS.model:
-        raise ConfigError("--model is required (python -m tools.list_models lists the experiments)")
+        raise ConfigError("--model is required (.venv/bin/python -m tools.list_models lists the experiments)")
     return experiment.resolve(
         FLAGS.model,
         gin_files=FLAGS.gin_file,
