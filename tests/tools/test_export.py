@@ -152,12 +152,16 @@ def test_reverse_mt_export_translates_text_as_the_decoder_does(tmp_path):
     assert [r["translation"] for r in rows] == plain["translation"][:20]
 
 
-def test_single_device_keeps_the_pipelined_models_variables():
-    root = experiment.resolve("image.digits.GPipeConvNet")
+@pytest.mark.parametrize(
+    "key, pipeline",
+    [("image.digits.GPipeConvNet", "body.sub[0]"), ("lm.synthetic.GPipeTransformerLM", "stack.pipeline")],
+)
+def test_single_device_keeps_the_pipelined_models_variables(key, pipeline):
+    root = experiment.resolve(key)
     pipelined = experiment.task_params_for(root, "dev")
     single = export.single_device(pipelined)
-    assert single.body.sub[0].num_stages == 1 and single.body.sub[0].num_micro_batches == 1
-    assert pipelined.body.sub[0].num_stages == 2  # the original is untouched
+    assert single.get(f"{pipeline}.num_stages") == 1 and single.get(f"{pipeline}.num_micro_batches") == 1
+    assert pipelined.get(f"{pipeline}.num_stages") == 2  # the original is untouched
     names = [sorted((v.name, tuple(v.shape)) for v in p.instantiate().variables) for p in (pipelined, single)]
     assert names[0] == names[1]
 
