@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,30 @@ def clean_clone(destination: Path) -> Path:
     return destination
 
 
+def run_bounded(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``bash -c command`` in its own process group, all of which is killed if it overruns."""
+    proc = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{command!r} ran over {TIMEOUT} s") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
 def run_document(document: str, clone: Path, short: Path) -> list[str]:
     """Runs a document's blocks in order; returns the skipped blocks' reasons."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -170,14 +195,7 @@ def run_document(document: str, clone: Path, short: Path) -> list[str]:
             target.write_text("\n".join(block.lines) + "\n")
             continue
         for command, shown in block.commands:
-            result = subprocess.run(
-                ["bash", "-c", with_short_settings(command, short)],
-                cwd=clone,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT,
-            )
+            result = run_bounded(with_short_settings(command, short), clone, env)
             output = result.stdout + result.stderr
             context = f"{where}: {command!r} exited {result.returncode}:\n{output[-3000:]}"
             shows_error = any("error:" in line for line in shown)
