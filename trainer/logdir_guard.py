@@ -23,7 +23,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from params import experiment, text_tree
-from params.errors import ConfigError
+from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from trainer import checkpointer, files
 
@@ -43,7 +43,10 @@ def check(
     """Raises ConfigError if ``root`` may not run in ``logdir`` (unless ``allow``); returns the
     Lingvo-style diff lines against its params.txt ([] when it has none or the same)."""
     path = files.join(logdir, "params.txt")
-    old_text = files.read_text(path)
+    try:
+        old_text = files.read_text(path)
+    except UserError:
+        return []  # an unusable logdir: the writability check that follows says why, in its words
     new_text = root.to_text()
     if old_text is None or old_text == new_text:
         return []
