@@ -219,3 +219,35 @@ def test_lm_export_continues_as_the_decoder_and_scores_log_probs(tmp_path):
     ]
     logits = task.compute_predictions(FPropContext(), batch)["logits"]
     np.testing.assert_allclose(log_probs.numpy(), tf.nn.log_softmax(logits).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_pipelined_model_exports_as_one_device_graph_with_the_decoders_outputs(tmp_path):
+    """In-process (no training): GPipeConvNet's checkpoint, exported single-device, classifies as the
+    pipelined task's decode does; the SavedModel names no second device."""
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
+    from trainer import checkpointer
+
+    root = experiment.resolve("image.digits.GPipeConvNet")
+    (tmp_path / "params.txt").write_text(root.to_text())
+    task = experiment.task_params_for(root, "dev").instantiate()  # 2 stages on CPU:0 and CPU:1
+    assert task.params.body.sub[0].num_stages == 2
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(task=task),
+        str(tmp_path / "train"),
+        1,
+        checkpoint_name=checkpointer.CHECKPOINT_NAME,
+    )
+    manager.save(checkpoint_number=3)
+    target, _ = export.export(str(tmp_path))
+    saved = (Path(target) / "saved_model.pb").read_bytes()
+    assert b"CPU:1" not in saved
+
+    batch = next(iter(root.input.dev.instantiate().dataset()))
+    expected = task.decode(FPropContext(training=False, seed=task.params.random_seed), batch)
+    got = tf.saved_model.load(target).signatures["serving_default"](images=batch["image"])
+    np.testing.assert_array_equal(got["classes"].numpy(), expected["predicted"].numpy())
+    np.testing.assert_allclose(
+        np.max(got["probabilities"].numpy(), axis=1), expected["probability"], rtol=1e-5
+    )
