@@ -54,6 +54,22 @@ def _split_key(key: str) -> list[tuple[str, list[int]]]:
     return segments
 
 
+class _ClassBuildsFromText:
+    """``p.from_text(text)`` sets values of an existing tree; ``Params.from_text(text)``, on the class,
+    builds a new tree from the text alone (``params.text_tree.build``: Lingvo's params.txt too)."""
+
+    def __init__(self, method: Any) -> None:
+        self._method = method
+        self.__doc__ = method.__doc__
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            from params import text_tree
+
+            return text_tree.build
+        return self._method.__get__(instance, owner)
+
+
 class Params:
     """A tree of named, documented settings.
 
@@ -227,6 +243,7 @@ class Params:
         """Lingvo's text format: one sorted ``dotted.key : value`` line per leaf."""
         return "".join(f"{key} : {text_format.format_value(value)}\n" for key, value in self)
 
+    @_ClassBuildsFromText
     def from_text(self, text: str) -> Params:
         """Sets values from ``key : value`` lines (``#`` comments and blank lines are skipped).
 

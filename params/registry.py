@@ -86,7 +86,9 @@ def get(key: str) -> type:
         return cls
     matches = difflib.get_close_matches(key, list(_REGISTRY), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
-    raise ConfigError(f"unknown model {key!r}{hint} (python -m tools.list_models lists them all)")
+    if not hint and "." in key.rpartition(".")[0]:
+        hint = "; a class outside this repo needs its package's directory on PYTHONPATH"
+    raise ConfigError(f"unknown model {key!r}{hint} (.venv/bin/python -m tools.list_models lists them all)")
 
 
 def _import_by_path(key: str) -> type | None:
@@ -95,12 +97,17 @@ def _import_by_path(key: str) -> type | None:
         return None
     try:
         module = importlib.import_module(module_name)
-    except ImportError:
-        return None
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            return None  # no such module: an unknown key, not a broken one
+        raise ConfigError(f"--model={key}: importing {module_name} failed: {e}") from None
+    except Exception as e:  # the user's module itself is broken: say so, not "unknown model"
+        raise ConfigError(f"--model={key}: importing {module_name} failed: {type(e).__name__}: {e}") from None
     cls = getattr(module, attr, None)
     return cls if isinstance(cls, type) else None
 
 
 def doc_line(cls: type) -> str:
-    """The first line of a class's docstring, or ''."""
-    return (cls.__doc__ or "").strip().split("\n")[0]
+    """The first paragraph of a class's docstring on one line, or ''."""
+    paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(paragraph.split())

@@ -1,7 +1,8 @@
 """Values in Lingvo's Params text format, written and read without ``eval``.
 
-Grammar of a value: a quoted string, an int, a float (``inf``, ``nan`` too), ``True``/``False``/``None``,
-a TF dtype name (``float32``), a class as ``type/module.path/Name``, or a list ``[...]``, tuple ``(...)``
+Grammar of a value: a quoted string, an int, a float (``inf``, ``nan`` too), ``True``/``False``/``None``
+(Lingvo's ``NoneType`` too), a TF dtype name (``float32``), a class as ``type/module.path/Name`` (a
+function as Lingvo's ``callable/module.path/qualname``), or a list ``[...]``, tuple ``(...)``
 or dict ``{k: v}`` of values. Anything else is a ValueError; nothing is ever executed.
 """
 
@@ -17,7 +18,7 @@ _TOKEN_RE = re.compile(
     r"""
     (?P<space>\s+)
   | (?P<string>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
-  | (?P<typeref>type/[A-Za-z_][\w.]*/[A-Za-z_][\w.]*)
+  | (?P<typeref>(?:type|callable)/[A-Za-z_][\w.]*/[A-Za-z_][\w.]*)
   | (?P<number>[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.]))
   | (?P<signed>[-+](?:inf|nan)\b)
   | (?P<name>[A-Za-z_]\w*)
@@ -118,8 +119,9 @@ def _parse(tokens: list[tuple[str, str]], pos: int) -> tuple[Any, int]:
 
 
 def resolve_typeref(text: str) -> Any:
-    """Imports the class named by ``type/module.path/Name`` (a module import, never an eval)."""
-    module_name, _, attr = text[len("type/") :].rpartition("/")
+    """Imports the class named by ``type/module.path/Name`` (a module import, never an eval); Lingvo's
+    ``callable/module.path/qualname`` names a function the same way."""
+    module_name, _, attr = text.partition("/")[2].rpartition("/")
     try:
         module = importlib.import_module(module_name)
         obj = module
@@ -132,6 +134,7 @@ def resolve_typeref(text: str) -> Any:
 
 def _parse_name(text: str) -> Any:
     constants = {"True": True, "False": False, "None": None, "true": True, "false": False}
+    constants["NoneType"] = None  # Lingvo's ToText writes None as its type name
     if text in constants:
         return constants[text]
     if text in ("inf", "nan"):

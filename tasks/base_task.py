@@ -8,6 +8,9 @@ Jobs call, with ``batch`` a dict of tensors from the task's input generator:
 - ``create_decoder_metrics()`` -> ``{name: DecoderMetric}``, fresh for each checkpoint decoded;
 - ``post_process_decode_out(decode_out, metrics)`` -> JSON-able records for the decoder's file,
   updating the decoder metrics on the way (runs eagerly, on NumPy values).
+
+``tools.export`` calls ``inference(input_generator)`` (Lingvo's per-task inference graph): the serving
+functions of a SavedModel, computed the way ``decode`` computes them.
 """
 
 from __future__ import annotations
@@ -103,6 +106,14 @@ class BaseTask(BaseLayer):
 
     def create_decoder_metrics(self) -> dict[str, DecoderMetric]:
         return {}
+
+    def inference(self, input_generator: Any) -> dict[str, Any]:
+        """Serving functions for ``tools.export``: ``{signature name: tf.function with an
+        input_signature returning a dict of tensors}``, one of them ``serving_default``.
+
+        ``input_generator`` is an evaluation data set's input: the shapes and vocabulary the model was
+        trained with. Only TensorFlow ops: the SavedModel must load without this project."""
+        raise NotImplementedError(f"{type(self).__name__} has no inference() to export")
 
     def post_process_decode_out(
         self, decode_out: dict[str, np.ndarray], metrics: dict[str, DecoderMetric]

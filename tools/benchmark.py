@@ -20,9 +20,21 @@ def available() -> list[str]:
 
 def main(argv: list[str]) -> int:
     names = available()
-    if len(argv) < 2 or argv[1] in ("-h", "--help"):
-        print(f"usage: python -m tools.benchmark {{{','.join(names)}}} [flags]", file=sys.stderr)
-        return 0 if len(argv) >= 2 else 2
+    usage = f"usage: .venv/bin/python -m tools.benchmark {{{','.join(names)}}} [flags]"
+    if len(argv) < 2:
+        print(usage, file=sys.stderr)
+        return 2
+    if argv[1] in ("-h", "--help"):
+        print(f"{usage}\n\nEach benchmark's flags (.venv/bin/python -m tools.benchmark NAME --help):")
+        tf_startup.import_tensorflow()
+        for name in names:
+            print(f"\n== {name} ==", flush=True)
+            try:
+                importlib.import_module(f"tools.benchmarks.{name}").main([name, "--help"])
+            except SystemExit:  # argparse exits after printing its help
+                pass
+            sys.stdout.flush()
+        return 0
     if argv[1] not in names:
         print(
             f"benchmark: error: unknown benchmark {argv[1]!r}; choose from {', '.join(names)}",

@@ -4,8 +4,10 @@
     python3 tools/dev.py test    # make .venv, install the pinned dependencies, run the whole test suite
 
 The virtualenv lives in ``.venv`` at the repo root and is reinstalled only when requirements.lock
-changes. Extra arguments go to the trainer (``train``) or to pytest (``test``). Standard library only:
-this runs before any dependency exists.
+changes. Extra arguments go to the trainer after the defaults (``train``: ``--model`` and ``--logdir``
+given again replace them, ``--params_override=...`` adds to them) or to pytest (``test``). Ctrl-C
+stops the command with its own one line. Standard library only: this runs before any dependency
+exists.
 """
 
 from __future__ import annotations
@@ -61,10 +63,20 @@ def main(argv: list[str]) -> int:
     if command == "setup":
         return 0
     if command == "train":
-        args = [str(python), "-m", "trainer", *(extra or DEFAULT_TRAIN_ARGS)]
+        args = [str(python), "-m", "trainer", *DEFAULT_TRAIN_ARGS, *extra]  # absl: a later flag wins
     else:
         args = [str(python), "-m", "pytest", *extra]
-    return subprocess.call(args, cwd=ROOT)
+    return run_quietly(args)
+
+
+def run_quietly(args: list[str]) -> int:
+    """Runs a command; on Ctrl-C (which the command gets too) waits for its own clean exit."""
+    proc = subprocess.Popen(args, cwd=ROOT)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue  # a second Ctrl-C too: the command decides when it has stopped
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from absl import logging as absl_logging
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import cluster, files
+from trainer import cluster, files, logdir_guard
 from trainer.checkpoint_job import CheckpointJob, run_until_finished
 from trainer.decoder_job import Decoder, implements_decode
 from trainer.evaler_job import Evaler
@@ -83,15 +83,25 @@ def check_logdir(logdir: str) -> None:
         raise UserError(f"--logdir={logdir} is not writable: {files.reason(e)}") from None
 
 
-def run_jobs(root: Params, logdir: str, jobs: list[str], log: Callable[[str], None] = _print) -> int:
-    """Runs the named jobs (empty: all, in this process) over ``logdir``; returns the exit status."""
+def run_jobs(
+    root: Params,
+    logdir: str,
+    jobs: list[str],
+    log: Callable[[str], None] = _print,
+    allow_params_change: bool = False,
+) -> int:
+    """Runs the named jobs (empty: all, in this process) over ``logdir``; returns the exit status.
+
+    The logdir guard (trainer/logdir_guard.py) compares the Params with the logdir's params.txt first,
+    before anything is written."""
     cluster.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
     if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
         absl_logging.set_verbosity(absl_logging.WARNING)
     names = check_jobs(root, jobs)
+    logdir_guard.check(root, logdir, trains="trainer" in names, allow=allow_params_change, log=log)
     check_logdir(logdir)
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
-    log(f"trainer: watch it with: tensorboard --logdir={logdir}")
+    log(f"trainer: watch it with: .venv/bin/tensorboard --logdir={logdir}")
     checkpoint_jobs: list[CheckpointJob] = []
     try:
         for name in names:

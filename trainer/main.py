@@ -72,6 +72,12 @@ flags.DEFINE_multi_string(
 flags.DEFINE_multi_string(
     "gin_param", [], "Gin bindings, e.g. 'ConvNet.num_layers = 4'; applied after --gin_file."
 )
+flags.DEFINE_bool(
+    "allow_params_change",
+    False,
+    "Go on in a logdir whose params.txt names another experiment, other model shapes than its "
+    "checkpoint, or a finished run with changed settings (the logdir guard stops these by default).",
+)
 
 
 HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
@@ -93,7 +99,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def resolve_params() -> Params:
     """The frozen Params this invocation runs, from --model and every override flag."""
     if not FLAGS.model:
-        raise ConfigError("--model is required (python -m tools.list_models lists the experiments)")
+        raise ConfigError("--model is required (.venv/bin/python -m tools.list_models lists the experiments)")
     return experiment.resolve(
         FLAGS.model,
         gin_files=FLAGS.gin_file,
@@ -124,14 +130,18 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(inspect_datasets(root))
         return 0
     if not FLAGS.logdir:
-        raise ConfigError(f"--logdir is required by --mode={FLAGS.mode} (a local path or a tf.io.gfile URI)")
+        typo = FLAGS["log_dir"].present  # absl's own flag (its log files), silently taken otherwise
+        hint = "; --log_dir is absl's directory for its log files: did you mean --logdir?" if typo else ""
+        raise ConfigError(
+            f"--logdir is required by --mode={FLAGS.mode} (a local path or a tf.io.gfile URI){hint}"
+        )
     if FLAGS.mode == "profile_pipeline":
         from trainer import pipeline_profile
 
         return pipeline_profile.run(root, FLAGS.logdir, log=print)
     from trainer import launcher
 
-    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job)
+    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
 
 
 def run() -> None:

@@ -2,7 +2,7 @@
 
 In TensorFlow 2 there is no shared session for a separate controller to read the trainer's variables
 from, so the loop that runs the compiled steps is also the one that owns the logdir: it holds
-``train/LOCK``, writes ``params.txt`` and ``model_analysis.txt``, restores the latest checkpoint,
+``train/LOCK``, restores the latest checkpoint, then writes ``params.txt`` and ``model_analysis.txt``,
 writes train summaries, prints progress, and saves checkpoints.
 
 The host wakes up only at events: the next multiple of ``log_interval_steps``,
@@ -21,7 +21,7 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import files, mesh_setup, model_analysis, progress
+from trainer import files, logdir_guard, mesh_setup, model_analysis, progress
 from trainer.checkpointer import Checkpointer
 from trainer.lock import TrainerLock
 from trainer.summaries import SummaryWriter
@@ -78,10 +78,7 @@ class TrainLoop:
         self.close()
 
     def _setup(self) -> None:
-        params_path = files.join(self.logdir, "params.txt")
         params_text = self.root.to_text()
-        params_changed = files.read_text(params_path) != params_text
-        files.write_text_atomic(params_path, params_text)
         self._writer = SummaryWriter(self.train_dir)
         self.step_fn = mesh_setup.make_train_step(self.root.cluster, self.task_params, self.root.input.train)
         self.checkpointer = mesh_setup.make_checkpointer(
@@ -91,6 +88,7 @@ class TrainLoop:
         self.step = int(self.step_fn.global_step.numpy())
         if path:
             self._log(f"trainer: resumed from {path} at step {self.step}")
+        params_changed = logdir_guard.write_params(self.logdir, params_text, self.step)  # run accepted
         files.write_text_atomic(
             files.join(self.logdir, "model_analysis.txt"),
             model_analysis.model_analysis(self.step_fn.task, self.step_fn.learner),

@@ -102,3 +102,19 @@ class ImageClassifierTask(base_task.BaseTask):
                 {"label": int(label), "predicted": int(predicted), "probability": float(probability)}
             )
         return records
+
+    def inference(self, input_generator: Any) -> dict[str, Any]:
+        """``serving_default``: ``images [batch, height, width, channels]`` -> ``classes`` (int32) and
+        ``probabilities`` ([batch, num_classes]); as ``decode`` computes ``predicted`` and ``probability``."""
+        spec = input_generator.dataset().element_spec["image"]
+        ctx = FPropContext(training=False, seed=self.params.random_seed)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, name="images")])
+        def classify(images: tf.Tensor) -> dict[str, tf.Tensor]:
+            logits = self.compute_predictions(ctx, {"image": images})["logits"]
+            return {
+                "classes": tf.argmax(logits, axis=-1, output_type=tf.int32),
+                "probabilities": tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1),
+            }
+
+        return {"serving_default": classify}

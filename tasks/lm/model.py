@@ -141,6 +141,34 @@ class TransformerLmTask(BaseTask):
             )
         return records
 
+    def inference(self, input_generator: Any) -> dict[str, Any]:
+        """``serving_default``: ``ids [batch, n]`` (BOS then tokens) and ``paddings`` -> ``log_probs``
+        ``[batch, n, vocab]`` of the next token at each position. ``greedy_continuation``: ``prompt
+        [batch, decode.prompt_length]`` token ids -> ``ids [batch, length]``, the prompt then the greedy
+        continuation (as the decoder job continues it) and ``text``, that continuation as text."""
+        from tasks.lm import serving
+
+        p = self.params.decode
+        length = p.max_length or input_generator.dataset().element_spec["labels"].shape[1]
+        prompt_length = min(p.prompt_length, length - 1)
+        self._codec = serving.TextCodec(self.vocabulary, self.params.vocab.size)
+        ctx = FPropContext(training=False, seed=self.params.random_seed)
+        ids_spec = tf.TensorSpec([None, None], tf.int32, name="ids")
+
+        @tf.function(input_signature=[ids_spec, tf.TensorSpec([None, None], tf.float32, name="paddings")])
+        def log_probs(ids: tf.Tensor, paddings: tf.Tensor) -> dict[str, tf.Tensor]:
+            logits = self.compute_predictions(ctx, {"ids": ids, "paddings": paddings})["logits"]
+            return {"log_probs": tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, prompt_length], tf.int32, name="prompt")])
+        def greedy_continuation(prompt: tf.Tensor) -> dict[str, tf.Tensor]:
+            rows = tf.shape(prompt)[0]
+            labels = tf.concat([prompt, tf.zeros([rows, length - prompt_length], tf.int32)], axis=1)
+            out = self.decode(ctx, {"labels": labels, "paddings": tf.zeros([rows, length], tf.float32)})
+            return {"ids": out["hyp_ids"], "text": self._codec.decode(out["hyp_ids"][:, prompt_length:])}
+
+        return {"serving_default": log_probs, "greedy_continuation": greedy_continuation}
+
 
 def _force_prefix(step: beam_search.StepFn, forced: tf.Tensor, vocab_size: int) -> beam_search.StepFn:
     """Wraps a step function so that for ``t < forced.shape[1]`` it emits ``forced[:, t]`` (the model

@@ -166,6 +166,41 @@ class TransformerMtTask(BaseTask):
             )
         return records
 
+    def inference(self, input_generator: Any) -> dict[str, Any]:
+        """``serving_default``: source ``text [batch]`` -> ``translation`` (text), ``ids`` and
+        ``scores`` of the best hypothesis; ``translate_ids``: ``src_ids [batch, n]`` (tokens, EOS, 0
+        padding, as in a batch) -> the same. Sources are padded to the input's source positions and
+        decoded to its target positions (or decode.max_length), as the decoder job decodes them."""
+        from tasks.lm import serving
+
+        src_width = input_generator.source_positions
+        tgt_width = self.params.decode.max_length or input_generator.target_positions
+        self._codec = serving.TextCodec(self.vocabulary, self.params.vocab.size)
+        ctx = FPropContext(training=False, seed=self.params.random_seed)
+
+        def translate(src_ids: tf.Tensor) -> dict[str, tf.Tensor]:
+            batch = {
+                "src_ids": src_ids,
+                "src_paddings": tf.cast(tf.equal(src_ids, PAD_ID), tf.float32),
+                "tgt_labels": tf.zeros([tf.shape(src_ids)[0], tgt_width], tf.int32),
+            }
+            out = self.decode(ctx, batch)
+            return {
+                "translation": self._codec.decode(out["hyp_ids"]),
+                "ids": out["hyp_ids"],
+                "scores": out["hyp_scores"],
+            }
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def translate_text(text: tf.Tensor) -> dict[str, tf.Tensor]:
+            return translate(self._codec.encode(text, src_width))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="src_ids")])
+        def translate_ids(src_ids: tf.Tensor) -> dict[str, tf.Tensor]:
+            return translate(serving.fixed_width(src_ids, src_width))
+
+        return {"serving_default": translate_text, "translate_ids": translate_ids}
+
 
 def transformer_mt_params(
     vocab: Params,

@@ -1,0 +1,113 @@
+"""Params text on its own: lines as a {key: value text} map, a Params tree built from text alone, and
+Lingvo-TextDiff-style differences between two texts.
+
+``Params.from_text(text)`` called on the class (not on an instance) builds its tree here, so a
+``params.txt`` (this project's or Lingvo's) can be inspected, diffed or instantiated without the
+experiment that wrote it: a group with a ``cls : type/module/Name`` line becomes an
+``InstantiableParams`` of that class, ``key[i].name`` lines become a list of Params, and each value is
+parsed by its own text (to_text writes floats with a point, strings quoted, so nothing is lost). A value
+no grammar reads (Lingvo writes unknown objects as their type name) is kept as its text. Docs are not in
+the text, so they are empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from params import text_format
+from params.errors import ConfigError
+
+Lines = dict[str, str]
+
+
+def parse_lines(text: str, source: str = "params text") -> Lines:
+    """``{dotted key: value text}`` of ``key : value`` lines (blank lines and ``#`` comments skipped)."""
+    from params.hyperparams import _split_key
+
+    out: Lines = {}
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise ConfigError(f"{source}: line {line_no}: expected 'key : value', got {line!r}")
+        key = key.strip()
+        try:
+            _split_key(key)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: line {line_no}: {e}") from None
+        out[key] = value.strip()
+    return out
+
+
+def parse_untyped(text: str) -> Any:
+    """A value read by its own text; what no grammar reads stays a string."""
+    try:
+        return text_format.parse_value(text)
+    except ValueError:
+        return text
+
+
+def build(text: str, source: str = "params text") -> Any:
+    """A Params tree holding exactly the values of ``text`` (see the module doc)."""
+    from params.hyperparams import _split_key
+
+    tree: dict = {}
+    for key, value_text in parse_lines(text, source).items():
+        node = tree
+        segments = _split_key(key)
+        for i, (name, indices) in enumerate(segments):
+            last = i == len(segments) - 1
+            if last and not indices:
+                if isinstance(node.get(name), dict):
+                    raise ConfigError(f"{source}: {key!r} is both a value and a group of params")
+                node[name] = ("value", parse_untyped(value_text))
+                break
+            child = node.setdefault(name, {}) if not indices else node.setdefault(name, {"[]": {}})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{source}: {key!r} is both a value and a group of params")
+            for index in indices:
+                child = child.setdefault("[]", {}).setdefault(index, {})
+            node = child
+    return _to_params(tree, source)
+
+
+def _to_params(tree: dict, source: str) -> Any:
+    from params.hyperparams import InstantiableParams, Params
+
+    cls_entry = tree.get("cls")
+    if isinstance(cls_entry, tuple) and isinstance(cls_entry[1], type):
+        p = InstantiableParams(cls_entry[1])
+    else:
+        p = Params()
+    for name in sorted(tree):
+        entry = tree[name]
+        if name == "cls" and isinstance(p, InstantiableParams):
+            continue
+        if isinstance(entry, tuple):
+            value = entry[1]
+        elif "[]" in entry:
+            items = entry["[]"]
+            if sorted(items) != list(range(len(items))):
+                raise ConfigError(f"{source}: {name!r} lists elements {sorted(items)}, not 0..n-1")
+            value = [_to_params(items[i], source) for i in range(len(items))]
+        else:
+            value = _to_params(entry, source)
+        p.define(name, value, "")
+    return p
+
+
+def diff(a: Lines, b: Lines) -> list[str]:
+    """Lingvo's TextDiff marks, one line per key: ``- key : v`` only in a, ``+ key : v`` only in b,
+    ``< key : old`` and ``> key : new`` where the values differ. Sorted by key; [] when equal."""
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key not in b:
+            lines.append(f"- {key} : {a[key]}")
+        elif key not in a:
+            lines.append(f"+ {key} : {b[key]}")
+        elif a[key] != b[key]:
+            lines.append(f"< {key} : {a[key]}")
+            lines.append(f"> {key} : {b[key]}")
+    return lines

@@ -1,0 +1,253 @@
+"""tools.export and tools.predict: a trained model out of the launcher, served by plain TensorFlow.
+
+The end-to-end tests train a few steps through ``python -m trainer``, export with ``python -m
+tools.export``, then load the SavedModel in a fresh ``python -I`` subprocess whose path has neither the
+repo nor PYTHONPATH (it checks that ``params``, ``tasks`` and ``trainer`` cannot be imported), and
+compare its outputs with what the decoder job wrote for the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from params import experiment
+from tests.trainer.runner import REPO, _env
+from tools import export
+
+# Runs in `python -I` (no repo, no PYTHONPATH, no cwd on sys.path): argv = export_dir, signature,
+# input name, .npy inputs, chunk size, output .json. Feeds the inputs in chunks of the decoder's batch.
+PLAIN_LOADER = """
+import importlib.util, json, sys
+import numpy as np
+for name in ("params", "tasks", "trainer", "layers", "tools"):
+    assert importlib.util.find_spec(name) is None, f"{name} is importable"
+import tensorflow as tf
+export_dir, signature, input_name, inputs, chunk, out = sys.argv[1:]
+fn = tf.saved_model.load(export_dir).signatures[signature]
+data = np.load(inputs, allow_pickle=True)
+results = {}
+for start in range(0, len(data), int(chunk)):
+    part = data[start : start + int(chunk)]
+    dtype = fn.structured_input_signature[1][input_name].dtype
+    for key, value in fn(**{input_name: tf.constant(part.tolist() if dtype == tf.string else part,
+                                                      dtype=dtype)}).items():
+        value = value.numpy()
+        value = [v.decode() for v in value] if value.dtype == object else value.tolist()
+        results.setdefault(key, []).extend(value)
+json.dump(results, open(out, "w"))
+"""
+
+
+def _run(args: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _train_and_export(tmp_path: Path, model: str, override: str) -> tuple[Path, Path]:
+    logdir = tmp_path / "run"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            f"--model={model}",
+            f"--logdir={logdir}",
+            f"--params_override={override}",
+        ],
+        cwd=REPO,
+        env=_env(),
+    )
+    out = _run([sys.executable, "-m", "tools.export", f"--logdir={logdir}"], cwd=REPO, env=_env())
+    step = max(int(p.name) for p in (logdir / "export").iterdir())
+    assert f"export: wrote {logdir / 'export' / str(step)}" in out.stdout
+    return logdir, logdir / "export" / str(step)
+
+
+def _load_without_repo(tmp_path: Path, export_dir: Path, signature: str, input_name: str, inputs, chunk: int):
+    np.save(tmp_path / "inputs.npy", inputs)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "plain.json"
+    args = [str(export_dir), signature, input_name, str(tmp_path / "inputs.npy"), str(chunk), str(out)]
+    _run([sys.executable, "-I", "-c", PLAIN_LOADER, *args], cwd=elsewhere, env=env)
+    return json.loads(out.read_text())
+
+
+def _decoded(logdir: Path, dataset: str, step: int) -> list[dict]:
+    lines = (logdir / f"decoder_{dataset}" / f"decoded-{step}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_digits_export_loads_without_the_repo_and_equals_the_decoder(tmp_path):
+    override = "task.train.max_steps : 30; task.train.save_interval_steps : 30; task.train.warmup_steps : 5"
+    logdir, export_dir = _train_and_export(tmp_path, "image.digits.ConvNet", override)
+    root = experiment.resolve("image.digits.ConvNet")
+    dev = root.input.dev.instantiate()
+    images = np.concatenate([batch["image"].numpy() for batch in dev.dataset()])
+    plain = _load_without_repo(
+        tmp_path, export_dir, "serving_default", "images", images, dev.params.batch_size
+    )
+
+    records = _decoded(logdir, "dev", 30)
+    assert len(records) == len(images) == 270
+    assert plain["classes"] == [r["predicted"] for r in records]
+    best = np.max(np.array(plain["probabilities"]), axis=1)
+    np.testing.assert_allclose(best, [r["probability"] for r in records], rtol=1e-5)
+
+    # The CLI on the same export, from a .npy batch.
+    np.save(tmp_path / "five.npy", images[:5])
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "tools.predict",
+            f"--export_dir={export_dir}",
+            f"--input={tmp_path / 'five.npy'}",
+        ],
+        cwd=REPO,
+        env=_env(),
+    )
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["classes"] for r in rows] == plain["classes"][:5]
+
+
+@pytest.mark.slow
+def test_reverse_mt_export_translates_text_as_the_decoder_does(tmp_path):
+    override = (
+        "task.train.max_steps : 40; task.train.save_interval_steps : 40; task.train.warmup_steps : 5; "
+        "input.train.num_examples : 2000; input.dev.num_examples : 64; input.test.num_examples : 8"
+    )
+    logdir, export_dir = _train_and_export(tmp_path, "mt.algorithmic.ReverseTransformer", override)
+    records = _decoded(logdir, "dev", 40)
+    assert len(records) == 64
+    sources = np.array([r["source"] for r in records], dtype=object)
+    plain = _load_without_repo(tmp_path, export_dir, "serving_default", "text", sources, 64)
+    assert plain["translation"] == [r["hypothesis"] for r in records]
+    assert len(plain["translation"]) >= 20
+
+    (tmp_path / "sources.txt").write_text("".join(s + "\n" for s in sources[:20]))
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "tools.predict",
+            f"--export_dir={export_dir}",
+            f"--input={tmp_path / 'sources.txt'}",
+        ],
+        cwd=REPO,
+        env=_env(),
+    )
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["translation"] for r in rows] == plain["translation"][:20]
+
+
+@pytest.mark.parametrize(
+    "key, pipeline",
+    [("image.digits.GPipeConvNet", "body.sub[0]"), ("lm.synthetic.GPipeTransformerLM", "stack.pipeline")],
+)
+def test_single_device_keeps_the_pipelined_models_variables(key, pipeline):
+    root = experiment.resolve(key)
+    pipelined = experiment.task_params_for(root, "dev")
+    single = export.single_device(pipelined)
+    assert single.get(f"{pipeline}.num_stages") == 1 and single.get(f"{pipeline}.num_micro_batches") == 1
+    assert pipelined.get(f"{pipeline}.num_stages") == 2  # the original is untouched
+    names = [sorted((v.name, tuple(v.shape)) for v in p.instantiate().variables) for p in (pipelined, single)]
+    assert names[0] == names[1]
+
+
+def test_export_errors_are_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.export", f"--logdir={tmp_path / 'nothing'}"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("export: error: ")
+    assert "params.txt does not exist" in result.stderr
+
+
+def test_lm_export_continues_as_the_decoder_and_scores_log_probs(tmp_path):
+    """In-process (no training): a saved, restored LM's greedy continuation equals task.decode's."""
+    import gin
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
+    from trainer import checkpointer
+
+    try:
+        root = experiment.resolve(
+            "lm.synthetic.TransformerLM",
+            gin_bindings=["TransformerLM.model_dim = 16", "TransformerLM.hidden_dim = 32"],
+            params_override="input.dev.num_sequences : 8; input.dev.batch_size : 8",
+        )
+    finally:
+        gin.clear_config()
+    (tmp_path / "params.txt").write_text(root.to_text())
+    task = experiment.task_params_for(root, "dev").instantiate()
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(task=task),
+        str(tmp_path / "train"),
+        1,
+        checkpoint_name=checkpointer.CHECKPOINT_NAME,
+    )
+    manager.save(checkpoint_number=7)
+    target, names = export.export(str(tmp_path))
+    assert target.endswith("export/7") and names == ["greedy_continuation", "serving_default"]
+
+    batch = next(iter(root.input.dev.instantiate().dataset()))
+    expected = task.decode(FPropContext(training=False, seed=task.params.random_seed), batch)["hyp_ids"]
+    loaded = tf.saved_model.load(target)
+    prompt = batch["labels"][:, : root.task.decode.prompt_length]
+    got = loaded.signatures["greedy_continuation"](prompt=prompt)
+    np.testing.assert_array_equal(got["ids"].numpy(), expected.numpy())
+    log_probs = loaded.signatures["serving_default"](ids=batch["ids"], paddings=batch["paddings"])[
+        "log_probs"
+    ]
+    logits = task.compute_predictions(FPropContext(), batch)["logits"]
+    np.testing.assert_allclose(log_probs.numpy(), tf.nn.log_softmax(logits).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_pipelined_model_exports_as_one_device_graph_with_the_decoders_outputs(tmp_path):
+    """In-process (no training): GPipeConvNet's checkpoint, exported single-device, classifies as the
+    pipelined task's decode does; the SavedModel names no second device."""
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
+    from trainer import checkpointer
+
+    root = experiment.resolve("image.digits.GPipeConvNet")
+    (tmp_path / "params.txt").write_text(root.to_text())
+    task = experiment.task_params_for(root, "dev").instantiate()  # 2 stages on CPU:0 and CPU:1
+    assert task.params.body.sub[0].num_stages == 2
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(task=task),
+        str(tmp_path / "train"),
+        1,
+        checkpoint_name=checkpointer.CHECKPOINT_NAME,
+    )
+    manager.save(checkpoint_number=3)
+    target, _ = export.export(str(tmp_path))
+    saved = (Path(target) / "saved_model.pb").read_bytes()
+    assert b"CPU:1" not in saved
+
+    batch = next(iter(root.input.dev.instantiate().dataset()))
+    expected = task.decode(FPropContext(training=False, seed=task.params.random_seed), batch)
+    got = tf.saved_model.load(target).signatures["serving_default"](images=batch["image"])
+    np.testing.assert_array_equal(got["classes"].numpy(), expected["predicted"].numpy())
+    np.testing.assert_allclose(
+        np.max(got["probabilities"].numpy(), axis=1), expected["probability"], rtol=1e-5
+    )

@@ -1,0 +1,147 @@
+"""The logdir guard: before a run writes anything, compare its resolved Params with the logdir's
+``params.txt``, so that reusing a log directory never mixes two runs silently.
+
+- No params.txt, or the same Params: go on.
+- Another experiment (``model``): stop, one line.
+- Other model shapes than the latest checkpoint holds (a task variable added, removed or reshaped,
+  found by comparing the checkpoint's variables with the new task's): stop, one line naming them.
+- A finished run (latest checkpoint at ``task.train.max_steps``) with changed settings: stop, one line;
+  the changes could not train anything (raise max_steps to continue it).
+- Otherwise (say a new learning rate for a run that goes on): go on, print what changed, and the
+  controller appends it to ``params_changes.txt`` (step and ``<``/``>`` lines) as it rewrites
+  params.txt, after the checkpoint is restored.
+
+``--allow_params_change`` turns each stop into a warning. Nothing here writes to the logdir.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from params import experiment, text_tree
+from params.errors import ConfigError, UserError
+from params.hyperparams import Params
+from trainer import checkpointer, files
+
+FLAG = "--allow_params_change"
+CHANGES_FILE = "params_changes.txt"
+SHOWN = 5  # keys named in a one-line refusal
+
+
+def check(
+    root: Params,
+    logdir: str,
+    *,
+    trains: bool,
+    allow: bool = False,
+    log: Callable[[str], None] = print,
+) -> list[str]:
+    """Raises ConfigError if ``root`` may not run in ``logdir`` (unless ``allow``); returns the
+    Lingvo-style diff lines against its params.txt ([] when it has none or the same)."""
+    path = files.join(logdir, "params.txt")
+    try:
+        old_text = files.read_text(path)
+    except UserError:
+        return []  # an unusable logdir: the writability check that follows says why, in its words
+    new_text = root.to_text()
+    if old_text is None or old_text == new_text:
+        return []
+    old = text_tree.parse_lines(old_text, path)
+    new = text_tree.parse_lines(new_text)
+    changes = text_tree.diff(old, new)
+    if not changes:
+        return []
+    problem = _problem(root, logdir, old, new, trains)
+    if problem and not allow:
+        raise ConfigError(
+            f"--logdir={logdir}: {problem}; use another --logdir, or pass {FLAG} to go on anyway"
+        )
+    if problem:
+        log(f"trainer: warning: {problem}; going on ({FLAG})")
+    log(f"trainer: the Params differ from {path} (< there, > now):")
+    for line in changes:
+        log(f"  {line}")
+    return changes
+
+
+def _problem(root: Params, logdir: str, old: dict, new: dict, trains: bool) -> str | None:
+    if old.get("model") != new.get("model"):
+        was = text_tree.parse_untyped(old.get("model", "'an unnamed model'"))
+        return f"it holds a run of {was} (its params.txt), not {root.model}"
+    listed = checkpointer.list_checkpoints(files.join(logdir, "train"))
+    if not listed:
+        return None
+    step, path = listed[-1]
+    shapes = _shape_changes(root, path)
+    if shapes:
+        more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
+        return f"the model's variables differ from checkpoint {path}: {', '.join(shapes[:SHOWN])}{more}"
+    max_steps = int(root.task.train.max_steps)
+    if trains and step >= max_steps:
+        keys = sorted({line[2:].split(" : ")[0] for line in text_tree.diff(old, new)})
+        shown = ", ".join(keys[:SHOWN]) + (f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
+        return (
+            f"its run finished at step {step} (task.train.max_steps {max_steps}), so the changed "
+            f"settings ({shown}) would train nothing; raise task.train.max_steps to continue it"
+        )
+    return None
+
+
+def task_variables(path: str) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the task's variables in a checkpoint (its ``task/`` entries)."""
+    try:
+        listed = tf.train.list_variables(path)
+    except (tf.errors.OpError, ValueError):
+        return {}  # unreadable: the trainer's restore reports it
+    return {
+        name: tuple(shape)
+        for name, shape in listed
+        if name.startswith("task/") and name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")
+    }
+
+
+def _shape_changes(root: Params, checkpoint_path: str) -> list[str]:
+    """Task variables added, removed or reshaped between the checkpoint and the new task."""
+    saved = task_variables(checkpoint_path)
+    if not saved:
+        return []
+    task = experiment.task_params_for(root, "train").instantiate()
+    with tempfile.TemporaryDirectory(prefix="logdir_guard-") as tmp:
+        written = tf.train.Checkpoint(task=task).write(f"{tmp}/task")
+        fresh = task_variables(written)
+    out = []
+    for name in sorted(set(saved) | set(fresh)):
+        short = name[len("task/") : -len("/.ATTRIBUTES/VARIABLE_VALUE")]
+        if name not in fresh:
+            out.append(f"{short} removed")
+        elif name not in saved:
+            out.append(f"{short} added")
+        elif saved[name] != fresh[name]:
+            out.append(f"{short} {list(saved[name])} -> {list(fresh[name])}")
+    return out
+
+
+def record_changes(logdir: str, step: int, changes: list[str]) -> None:
+    """Appends the changes to ``<logdir>/params_changes.txt`` (written whole, atomically)."""
+    path = files.join(logdir, CHANGES_FILE)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    entry = f"# step {step}, {stamp}: < before, > now\n" + "".join(f"{line}\n" for line in changes)
+    files.write_text_atomic(path, (files.read_text(path) or "") + entry)
+
+
+def write_params(logdir: str, params_text: str, step: int) -> bool:
+    """The controller's write of ``<logdir>/params.txt`` once its run is accepted and restored;
+    a change from the text there is first appended to params_changes.txt. Returns whether it changed."""
+    path = files.join(logdir, "params.txt")
+    old_text = files.read_text(path)
+    if old_text == params_text:
+        return False
+    if old_text is not None:
+        changes = text_tree.diff(text_tree.parse_lines(old_text, path), text_tree.parse_lines(params_text))
+        record_changes(logdir, step, changes)
+    files.write_text_atomic(path, params_text)
+    return True
