@@ -23,7 +23,7 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
 from trainer import tf_startup  # noqa: E402
 
-MODES = ("train", "inspect_params", "inspect_datasets")
+MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -42,9 +42,19 @@ flags.DEFINE_enum(
     "mode",
     "train",
     MODES,
-    "train: run the jobs named by --job. inspect_params: print "
+    "train: run the jobs named by --job (one trainer process). sync / async: this process is one "
+    "task of a training cluster (--cluster_spec or TF_CONFIG): sync data parallel (all-reduce) or "
+    "async with parameter servers. inspect_params: print "
     "the resolved Params and exit. inspect_datasets: print each data set's input Params.",
 )
+flags.DEFINE_string(
+    "cluster_spec",
+    None,
+    "--mode=sync|async: the training cluster in Lingvo's syntax, jobs separated by '@', tasks by ',': "
+    "sync: trainer=host:port,host:port; async: controller=host:port@trainer=host:port,...@ps=host:port. "
+    "Empty: read TF_CONFIG.",
+)
+flags.DEFINE_integer("task_index", 0, "--mode=sync|async: this process's index within its --job.")
 flags.DEFINE_list(
     "job",
     [],
@@ -123,6 +133,10 @@ def main(argv: list[str]) -> int:
         return 0
     if not FLAGS.logdir:
         raise ConfigError("--logdir is required to train (a local path or a tf.io.gfile URI)")
+    if FLAGS.mode in ("sync", "async"):
+        from trainer import cluster_jobs
+
+        return cluster_jobs.run(root, FLAGS.logdir, FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
     from trainer import launcher
 
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job)
