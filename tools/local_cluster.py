@@ -38,6 +38,7 @@ class Task:
     job: str  # Lingvo job: controller, trainer or ps
     index: int
     command: list[str]
+    server: bool = False  # async trainers and ps serve until stopped
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -75,7 +76,10 @@ def tasks(workers: int, ps: int, trainer_flags: Sequence[str], python: str = sys
     jobs = ([("controller", 0)] if ps else []) + [("trainer", i) for i in range(workers)]
     jobs += [("ps", i) for i in range(ps)]
     base = [python, "-m", "trainer", f"--mode={mode}", f"--cluster_spec={spec}"]
-    return [Task(job, i, [*base, f"--job={job}", f"--task_index={i}", *trainer_flags]) for job, i in jobs]
+    return [
+        Task(job, i, [*base, f"--job={job}", f"--task_index={i}", *trainer_flags], server=bool(ps) and job != "controller")
+        for job, i in jobs
+    ]
 
 
 def _pump(task: Task, lock: threading.Lock) -> None:
@@ -126,11 +130,16 @@ def run(cluster: list[Task], grace_seconds: float) -> int:
 
 def _wait(cluster: list[Task], grace_seconds: float) -> int:
     status, deadline = 0, None
+    stopping = False
     while True:
         running = [t for t in cluster if t.proc.poll() is None]
+        if not stopping and status == 0 and all(t.server for t in running):
+            stopping = True  # the controller is done: the servers have nothing left to serve
+            for t in running:
+                t.proc.terminate()
         for t in cluster:
             code = t.proc.returncode
-            if code not in (None, 0) and status == 0:
+            if code not in (None, 0) and status == 0 and not (stopping and t.server):
                 status = code if code > 0 else 128 - code
                 print(f"local_cluster: {t.name} exited with status {code}", file=sys.stderr, flush=True)
                 deadline = time.monotonic() + grace_seconds

@@ -67,7 +67,8 @@ def run(
     if jobs and all(j.split("_")[0] in launcher.JOB_KINDS for j in jobs if j.strip()):
         return launcher.run_jobs(root, logdir, jobs, log=log)  # evalers/decoders: outside the cluster
     role = distributed.resolve_role(mode, cluster_spec, lingvo_job(mode, jobs), task_index)
-    cluster.configure(root.cluster)  # before the strategy starts TensorFlow's runtime
+    # Before the strategy starts TensorFlow's runtime. Async trainers shuffle by their clock.
+    cluster.configure(root.cluster, deterministic=not (mode == distributed.ASYNC and role.task_type == "worker"))
     if absl_logging.get_verbosity() == absl_logging.INFO:  # no INFO chatter per collective
         absl_logging.set_verbosity(absl_logging.WARNING)
     if "train" not in root.input.names():
@@ -102,6 +103,7 @@ def _run_sync(root: Params, logdir: str, role: distributed.Role, log: Callable[[
     parallel = distributed.DataParallel(strategy, role)
     with TrainLoop(root, logdir, log=log if role.is_chief else _quiet, parallel=parallel) as loop:
         step = loop.run()
+    distributed.barrier(strategy)  # nobody leaves before the chief saved (it leads the coordination)
     if role.is_chief:
         log(f"trainer: done at step {step}; logdir {logdir}")
     return 0

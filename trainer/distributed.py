@@ -188,6 +188,16 @@ def sync_strategy(role: Role):
     return strategy
 
 
+def barrier(strategy) -> None:
+    """Returns once every replica of ``strategy`` got here (one tiny all-reduce)."""
+    import tensorflow as tf
+
+    def one() -> tf.Tensor:
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.ones([]))
+
+    strategy.experimental_local_results(tf.function(lambda: strategy.run(one))())
+
+
 @dataclasses.dataclass(frozen=True)
 class DataParallel:
     """What a sync worker's training loop needs: the strategy and this worker's place."""

@@ -77,8 +77,8 @@ class TrainStep:
             return self._run(tf.constant(num_steps, tf.int32))
 
     # ----------------------------------------------------------------------------------- the step
-    def _forward_backward(self) -> tuple[tf.Tensor, list, FPropContext, dict[str, tf.Tensor]]:
-        batch = next(self.iterator)
+    def _forward_backward(self, batch: dict | None = None) -> tuple[tf.Tensor, list, FPropContext, dict]:
+        batch = next(self.iterator) if batch is None else batch
         step = self.global_step.read_value()
         ctx = FPropContext(training=True, step=step, seed=self._seed)
         with tf.GradientTape() as tape:
@@ -126,8 +126,10 @@ class TrainStep:
             )
         return tf.nest.map_structure(lambda t: tf.zeros([], t.dtype), spec)
 
-    def _guarded_step(self) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
-        loss, grads, ctx, values = self._forward_backward()
+    def guarded_step(self, batch: dict | None = None) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        """One step on ``batch`` (None: the next from ``iterator``): (loss finite, outputs); a step
+        whose loss is not finite changes nothing. Async training schedules this on the workers."""
+        loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
         learner_out = tf.cond(
             finite, lambda: self._apply(grads, ctx), lambda: dict(self._zero_outputs["learner"])
@@ -139,7 +141,7 @@ class TrainStep:
             return tf.logical_and(i < num_steps, finite)
 
         def body(i, finite, outputs):
-            finite, outputs = self._guarded_step()
+            finite, outputs = self.guarded_step()
             return i + 1, finite, outputs
 
         _, finite, outputs = tf.while_loop(
