@@ -4,11 +4,13 @@ Each test picks free ports, bounds every wait, and kills every process it starte
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from tests.trainer import cluster_runner as cr
-from tests.trainer.runner import error_lines
+from tests.trainer.runner import REPO, _env, error_lines
 
 CONVNET = "--model=image.digits.ConvNet"
 GPIPE = "--model=image.digits.GPipeConvNet"
@@ -91,3 +93,22 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
     assert "2 stages" in (logdir / "model_analysis.txt").read_text()
     diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-20"), str(single / "train/ckpt-20"))
     assert count >= 12 and diff <= 1e-5, diff
+
+
+@pytest.mark.slow
+def test_async_two_trainers_one_ps_loss_falls(tmp_path):
+    """tools.local_cluster starts a controller, 2 trainers and a ps; it stops the servers at the end."""
+    logdir = tmp_path / "async"
+    text = cr.override(60, 30, "task.train.log_interval_steps : 10")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "tools.local_cluster", "--workers=2", "--ps=1", CONVNET, f"--logdir={logdir}", "--", f"--params_override={text}",
+        ],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("[ps:0] trainer: async ps:0 serving") for line in lines)
+    losses = [float(line.split("loss ")[1].split()[0]) for line in lines if line.startswith("[controller:0] step ")]
+    assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
+    assert (logdir / "train/ckpt-60.index").exists() and (logdir / "params.txt").exists()
