@@ -50,7 +50,9 @@ class BaseInput:
         """Makes ``dataset()`` yield worker ``index`` of ``count``'s share of every global batch."""
         p = self.params
         if type(self).dataset is not BaseInput.dataset and count > 1:
-            raise ConfigError(f"input {p.name!r}: {type(self).__name__} builds its own batches; it cannot be sharded")
+            raise ConfigError(
+                f"input {p.name!r}: {type(self).__name__} builds its own batches; it cannot be sharded"
+            )
         if count < 1 or not 0 <= index < count:
             raise ConfigError(f"input {p.name!r}: shard {index} of {count} does not exist")
         if p.batch_size % count:

@@ -77,7 +77,12 @@ def tasks(workers: int, ps: int, trainer_flags: Sequence[str], python: str = sys
     jobs += [("ps", i) for i in range(ps)]
     base = [python, "-m", "trainer", f"--mode={mode}", f"--cluster_spec={spec}"]
     return [
-        Task(job, i, [*base, f"--job={job}", f"--task_index={i}", *trainer_flags], server=bool(ps) and job != "controller")
+        Task(
+            job,
+            i,
+            [*base, f"--job={job}", f"--task_index={i}", *trainer_flags],
+            server=bool(ps) and job != "controller",
+        )
         for job, i in jobs
     ]
 
@@ -164,7 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="Registry key of the experiment.")
     parser.add_argument("--logdir", required=True, help="The run's shared logdir.")
     parser.add_argument(
-        "--grace_seconds", type=float, default=60.0, help="After one process fails, wait this long for the rest."
+        "--grace_seconds",
+        type=float,
+        default=60.0,
+        help="After one process fails, wait this long for the rest.",
     )
     args, rest = parser.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]

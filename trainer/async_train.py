@@ -47,7 +47,11 @@ def serve(role: distributed.Role, log: Callable[[str], None]) -> int:
     """A trainer or ps: serve the controller's requests until stopped."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
-        resolver.cluster_spec(), job_name=role.task_type, task_index=role.task_index, protocol="grpc", start=True
+        resolver.cluster_spec(),
+        job_name=role.task_type,
+        task_index=role.task_index,
+        protocol="grpc",
+        start=True,
     )
     job = "trainer" if role.task_type == "worker" else role.task_type
     log(f"trainer: async {job}:{role.task_index} serving at {server.target}")
@@ -115,7 +119,9 @@ class AsyncController:
 
         p = self.train
         max_steps = int(p.max_steps)
-        intervals = [i for i in (p.log_interval_steps, p.summary_interval_steps, p.save_interval_steps) if i > 0]
+        intervals = [
+            i for i in (p.log_interval_steps, p.summary_interval_steps, p.save_interval_steps) if i > 0
+        ]
         workers = len(self.role.cluster["worker"])
         self._log(f"trainer: async controller: {workers} trainers, {len(self.role.cluster['ps'])} ps")
         while step < max_steps:

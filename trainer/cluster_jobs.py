@@ -68,7 +68,9 @@ def run(
         return launcher.run_jobs(root, logdir, jobs, log=log)  # evalers/decoders: outside the cluster
     role = distributed.resolve_role(mode, cluster_spec, lingvo_job(mode, jobs), task_index)
     # Before the strategy starts TensorFlow's runtime. Async trainers shuffle by their clock.
-    cluster.configure(root.cluster, deterministic=not (mode == distributed.ASYNC and role.task_type == "worker"))
+    cluster.configure(
+        root.cluster, deterministic=not (mode == distributed.ASYNC and role.task_type == "worker")
+    )
     if absl_logging.get_verbosity() == absl_logging.INFO:  # no INFO chatter per collective
         absl_logging.set_verbosity(absl_logging.WARNING)
     if "train" not in root.input.names():
@@ -86,7 +88,10 @@ def run(
 def peer_failure(role: distributed.Role, error: Exception) -> str:
     """One line: which process stopped, and which peers it was training with."""
     peers = ", ".join(
-        f"{t}:{i} ({a})" for t, addresses in role.cluster.items() for i, a in enumerate(addresses) if (t, i) != (role.task_type, role.task_index)
+        f"{t}:{i} ({a})"
+        for t, addresses in role.cluster.items()
+        for i, a in enumerate(addresses)
+        if (t, i) != (role.task_type, role.task_index)
     )
     reason = str(getattr(error, "message", error)).strip().splitlines()[0][:200]
     return (

@@ -78,7 +78,9 @@ def parse_cluster_spec(text: str) -> dict[str, list[str]]:
         job, sep, hosts = part.partition("=")
         job = job.strip()
         if not sep or not job:
-            raise ConfigError(f"--cluster_spec: expected job=host:port[,host:port...] between '@', got {part!r}")
+            raise ConfigError(
+                f"--cluster_spec: expected job=host:port[,host:port...] between '@', got {part!r}"
+            )
         if job not in TASK_TYPES:
             raise ConfigError(f"--cluster_spec: unknown job {job!r}; expected one of {', '.join(TASK_TYPES)}")
         task_type = TASK_TYPES[job]
@@ -106,7 +108,9 @@ def resolve_role(mode: str, cluster_spec: str | None, job: str | None, task_inde
     else:
         env = os.environ.get("TF_CONFIG")
         if not env:
-            raise ConfigError(f"--mode={mode} needs --cluster_spec (e.g. worker=host:port,host:port) or TF_CONFIG")
+            raise ConfigError(
+                f"--mode={mode} needs --cluster_spec (e.g. worker=host:port,host:port) or TF_CONFIG"
+            )
         cluster, task_type, task_index = _from_tf_config(env)
         if job is not None and _task_type(mode, job) != task_type:
             raise ConfigError(f"--job={job} does not match TF_CONFIG's task type {task_type!r}")
@@ -153,7 +157,11 @@ def _check_shape(role: Role) -> None:
         if role.task_type not in ("chief", "worker"):
             raise ConfigError(f"--mode=sync: this process is {role.task_type}; every process is a trainer")
     else:
-        if len(role.cluster.get("chief", [])) != 1 or not role.cluster.get("worker") or not role.cluster.get("ps"):
+        if (
+            len(role.cluster.get("chief", [])) != 1
+            or not role.cluster.get("worker")
+            or not role.cluster.get("ps")
+        ):
             raise ConfigError(
                 "--mode=async needs one controller, at least one trainer and one ps, e.g. "
                 "--cluster_spec=controller=h:p@trainer=h:p,h:p@ps=h:p"

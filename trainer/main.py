@@ -136,7 +136,8 @@ def main(argv: list[str]) -> int:
     if FLAGS.mode in ("sync", "async"):
         from trainer import cluster_jobs
 
-        return cluster_jobs.run(root, FLAGS.logdir, FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
+        flags_ = (FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
+        return cluster_jobs.run(root, FLAGS.logdir, *flags_)
     from trainer import launcher
 
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job)

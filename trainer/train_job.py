@@ -190,7 +190,8 @@ class TrainLoop:
                 self._diverged(outputs)
             steps_per_sec = (stop - self.step) / max(time.perf_counter() - start, 1e-6)
             if self._parallel is None:
-                self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, int(steps_per_sec * MAX_SECONDS_PER_CALL)))
+                per_call = int(steps_per_sec * MAX_SECONDS_PER_CALL)
+                self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, per_call))
             self.step = stop
             if not self.is_chief:
                 continue

@@ -98,7 +98,7 @@ class TrainStep:
             for i, g in zip(present, reduced):
                 grads[i] = g
             values = replica.all_reduce(mean, values)
-            loss = tf.cast(values["loss"], loss.dtype)  # every replica sees the same loss (and stops together)
+            loss = tf.cast(values["loss"], loss.dtype)  # the same on every replica: all stop together
         return loss, grads, ctx, values
 
     def _apply(self, grads: list, ctx: FPropContext) -> dict[str, tf.Tensor]:

@@ -24,7 +24,9 @@ SMALL_RUN = (
 
 def override(max_steps: int, save_every: int, extra: str = "") -> str:
     text = f"{SMALL_RUN}; task.train.max_steps : {max_steps}; task.train.save_interval_steps : {save_every}"
-    text += f"; task.train.log_interval_steps : {save_every}; task.train.summary_interval_steps : {save_every}"
+    text += (
+        f"; task.train.log_interval_steps : {save_every}; task.train.summary_interval_steps : {save_every}"
+    )
     return text + (f"; {extra}" if extra else "")
 
 
@@ -53,7 +55,9 @@ class Procs:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.close()
-            raise AssertionError(f"{proc.name} still running after {timeout} s:\n{output(proc)[-3000:]}") from None
+            raise AssertionError(
+                f"{proc.name} still running after {timeout} s:\n{output(proc)[-3000:]}"
+            ) from None
         return code, output(proc)
 
     def close(self) -> None:

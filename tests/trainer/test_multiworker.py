@@ -18,7 +18,9 @@ TIMEOUT = 420  # seconds; each process imports TensorFlow on a shared, loaded ma
 
 
 def _single(procs: cr.Procs, model: str, logdir, text: str) -> None:
-    proc = procs.trainer("single", model, f"--logdir={logdir}", "--job=controller,trainer", f"--params_override={text}")
+    proc = procs.trainer(
+        "single", model, f"--logdir={logdir}", "--job=controller,trainer", f"--params_override={text}"
+    )
     code, out = procs.wait(proc, TIMEOUT)
     assert code == 0, out[-3000:]
 
@@ -29,7 +31,9 @@ def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once
     logdir, single = tmp_path / "two", tmp_path / "one"
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"])
-        evaler = procs.trainer("evaler", CONVNET, f"--logdir={logdir}", "--job=evaler_dev", f"--params_override={text}")
+        evaler = procs.trainer(
+            "evaler", CONVNET, f"--logdir={logdir}", "--job=evaler_dev", f"--params_override={text}"
+        )
         _single(procs, CONVNET, single, text)
         for proc in workers + [evaler]:
             code, out = procs.wait(proc, TIMEOUT)
@@ -45,10 +49,18 @@ def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once
     events = [n for n in train_files if n.startswith("events.out.tfevents")]
     assert len(events) == 1, train_files
     assert set(train_files) - set(events) == {
-        "checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-20.index", "ckpt-20.data-00000-of-00001",
+        "checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001",
+        "ckpt-20.index", "ckpt-20.data-00000-of-00001",
     }  # fmt: skip
-    assert sorted(p.name for p in logdir.iterdir()) == ["eval_dev", "model_analysis.txt", "params.txt", "train"]
-    scores = [json.loads(line)["step"] for line in (logdir / "eval_dev/scores.jsonl").read_text().splitlines()]
+    assert sorted(p.name for p in logdir.iterdir()) == [
+        "eval_dev",
+        "model_analysis.txt",
+        "params.txt",
+        "train",
+    ]
+    scores = [
+        json.loads(line)["step"] for line in (logdir / "eval_dev/scores.jsonl").read_text().splitlines()
+    ]
     assert scores == [10, 20]
 
 
@@ -63,12 +75,16 @@ def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
         code, out = procs.wait(workers[0], 60)  # the survivor stops on its own, within 60 s
         assert code == 1, out[-3000:]
         errors = error_lines(out)
-        assert len(errors) == 1 and "worker:0 stopped" in errors[0] and "worker:1 (127.0.0.1:" in errors[0], errors
+        assert len(errors) == 1 and "worker:0 stopped" in errors[0] and "worker:1 (127.0.0.1:" in errors[0], (
+            errors
+        )
         saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
 
         until = saved + 20
         text = cr.override(until, 20)
-        restarted = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r")
+        restarted = cr.sync_workers(
+            procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r"
+        )
         _single(procs, CONVNET, single, text)
         for proc in restarted:
             code, out = procs.wait(proc, TIMEOUT)
@@ -102,13 +118,16 @@ def test_async_two_trainers_one_ps_loss_falls(tmp_path):
     text = cr.override(60, 30, "task.train.log_interval_steps : 10")
     result = subprocess.run(
         [
-            sys.executable, "-m", "tools.local_cluster", "--workers=2", "--ps=1", CONVNET, f"--logdir={logdir}", "--", f"--params_override={text}",
+            sys.executable, "-m", "tools.local_cluster", "--workers=2", "--ps=1", CONVNET,
+            f"--logdir={logdir}", "--", f"--params_override={text}",
         ],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("[ps:0] trainer: async ps:0 serving") for line in lines)
-    losses = [float(line.split("loss ")[1].split()[0]) for line in lines if line.startswith("[controller:0] step ")]
+    losses = [
+        float(line.split("loss ")[1].split()[0]) for line in lines if line.startswith("[controller:0] step ")
+    ]
     assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
     assert (logdir / "train/ckpt-60.index").exists() and (logdir / "params.txt").exists()

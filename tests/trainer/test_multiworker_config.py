@@ -14,7 +14,11 @@ from trainer import cluster_jobs, distributed
 
 def test_cluster_spec_in_lingvo_syntax_maps_jobs_to_tensorflow_task_types():
     spec = "controller=h0:1@trainer=h1:2,h2:3@ps=h3:4"
-    assert distributed.parse_cluster_spec(spec) == {"chief": ["h0:1"], "worker": ["h1:2", "h2:3"], "ps": ["h3:4"]}
+    assert distributed.parse_cluster_spec(spec) == {
+        "chief": ["h0:1"],
+        "worker": ["h1:2", "h2:3"],
+        "ps": ["h3:4"],
+    }
     role = distributed.resolve_role("async", spec, "trainer", 1)
     assert (role.task_type, role.task_index, role.num_workers, role.is_chief) == ("worker", 1, 2, False)
     assert distributed.resolve_role("async", spec, "controller", 0).is_chief
