@@ -138,7 +138,7 @@ def _wait(cluster: list[Task], grace_seconds: float) -> int:
     stopping = False
     while True:
         running = [t for t in cluster if t.proc.poll() is None]
-        if not stopping and status == 0 and all(t.server for t in running):
+        if not stopping and running and all(t.server for t in running):
             stopping = True  # the controller is done: the servers have nothing left to serve
             for t in running:
                 t.proc.terminate()
