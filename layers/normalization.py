@@ -54,6 +54,10 @@ class BatchNormLayer(BaseLayer):
     moving statistics: ``moving = decay * moving + (1 - decay) * batch``. Eval normalizes by the moving
     statistics, which are non-trainable float32 (float64 for float64 layers) variables and so are
     checkpointed.
+
+    Under data parallelism (a ``tf.distribute`` replica context with several replicas in sync) the
+    mean and variance are those of the global batch: each replica's sums are all-reduced (sync batch
+    norm), so N replicas on N shards normalize as one process does on the whole batch.
     """
 
     @classmethod
@@ -82,7 +86,7 @@ class BatchNormLayer(BaseLayer):
         xs = tf.cast(x, self.vars["moving_mean"].dtype)
         if ctx.training:
             axes = list(range(x.shape.rank - 1))
-            mean, variance = tf.nn.moments(xs, axes=axes)
+            mean, variance = _moments(xs, axes)
             count = tf.reduce_prod(tf.shape(x)[:-1])
             ctx.add_update(self, "moments", tf.stack([mean, variance + tf.square(mean)]), weight=count)
         else:
@@ -101,3 +105,16 @@ class BatchNormLayer(BaseLayer):
         variance = tf.maximum(value[1] - tf.square(mean), 0.0)
         moving_mean.assign(self._decay * moving_mean + (1.0 - self._decay) * mean)
         moving_variance.assign(self._decay * moving_variance + (1.0 - self._decay) * variance)
+
+
+def _moments(x: tf.Tensor, axes: list[int]) -> tuple[tf.Tensor, tf.Tensor]:
+    """``tf.nn.moments``, over every replica's batch when several replicas train in sync."""
+    replica = tf.distribute.get_replica_context()
+    if replica is None or replica.num_replicas_in_sync <= 1:
+        return tf.nn.moments(x, axes=axes)
+    total = tf.distribute.ReduceOp.SUM
+    count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype)
+    local_sum, count = replica.all_reduce(total, [tf.reduce_sum(x, axis=axes), count])
+    mean = local_sum / count
+    squares = replica.all_reduce(total, tf.reduce_sum(tf.square(x - mean), axis=axes))
+    return mean, squares / count

@@ -4,7 +4,10 @@ A subclass implements ``examples()`` (one dict of tensors per example, in a fixe
 class takes ``num_samples``, shuffles with a fixed seed, repeats, batches and prefetches. Every stage is
 a native ``tf.data`` op, so the iterator's position can be saved in a checkpoint
 (``tf.train.Checkpoint(iterator=iter(ds))``) and a resumed run sees exactly the batches an
-uninterrupted run would. File readers (TFRecord, text lines) are in ``tasks.readers``.
+uninterrupted run would. Data-parallel training on several workers calls ``shard(index, count)``
+first: worker ``index`` then reads examples ``index, index + count, ...`` of the same shuffled stream in
+batches of ``batch_size / count``, so the workers' batches at each step together hold exactly the
+examples of the one-process global batch. File readers (TFRecord, text lines) are in ``tasks.readers``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,23 @@ class BaseInput:
             raise ConfigError(
                 f"input {p.name!r}: shuffle_buffer_size must be > 0 to shuffle, got {p.shuffle_buffer_size!r}"
             )
+        self._shard = (0, 1)
+
+    def shard(self, index: int, count: int) -> None:
+        """Makes ``dataset()`` yield worker ``index`` of ``count``'s share of every global batch."""
+        p = self.params
+        if type(self).dataset is not BaseInput.dataset and count > 1:
+            raise ConfigError(
+                f"input {p.name!r}: {type(self).__name__} builds its own batches; it cannot be sharded"
+            )
+        if count < 1 or not 0 <= index < count:
+            raise ConfigError(f"input {p.name!r}: shard {index} of {count} does not exist")
+        if p.batch_size % count:
+            raise ConfigError(
+                f"input {p.name!r}: batch_size {p.batch_size} (the global batch) must be a multiple of the "
+                f"{count} workers"
+            )
+        self._shard = (index, count)
 
     @property
     def params(self) -> Params:
@@ -64,10 +84,14 @@ class BaseInput:
             ds = ds.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
         if p.repeat:
             ds = ds.repeat()
+        index, count = self._shard
+        if count > 1:
+            ds = ds.shard(count, index)
+        batch_size = p.batch_size // count
         if _has_unknown_dims(ds.element_spec):
-            ds = ds.padded_batch(p.batch_size, drop_remainder=p.drop_remainder)
+            ds = ds.padded_batch(batch_size, drop_remainder=p.drop_remainder)
         else:
-            ds = ds.batch(p.batch_size, drop_remainder=p.drop_remainder)
+            ds = ds.batch(batch_size, drop_remainder=p.drop_remainder)
         return ds.prefetch(2)
 
 

@@ -16,8 +16,10 @@ from params.errors import ConfigError
 from params.hyperparams import Params
 
 
-def configure(cluster: Params) -> None:
-    """Applies ``cluster.*`` and makes every op deterministic (a resumed run repeats a fresh one)."""
+def configure(cluster: Params, deterministic: bool = True) -> None:
+    """Applies ``cluster.*`` and makes every op deterministic (a resumed run repeats a fresh one).
+
+    ``deterministic=False``: an async trainer, whose runs are not reproducible anyway."""
     _set_threads(
         "intra_op_threads",
         cluster.intra_op_threads,
@@ -31,7 +33,8 @@ def configure(cluster: Params) -> None:
         tf.config.threading.set_inter_op_parallelism_threads,
     )
     _set_logical_cpu_devices(cluster.num_logical_cpu_devices)
-    tf.config.experimental.enable_op_determinism()
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
 
 
 def _set_threads(name: str, value: int, get: Callable[[], int], set_: Callable[[int], None]) -> None:

@@ -23,7 +23,7 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
 from trainer import tf_startup  # noqa: E402
 
-MODES = ("train", "inspect_params", "inspect_datasets", "profile_pipeline")
+MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets", "profile_pipeline")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -42,11 +42,21 @@ flags.DEFINE_enum(
     "mode",
     "train",
     MODES,
-    "train: run the jobs named by --job. inspect_params: print "
+    "train: run the jobs named by --job (one trainer process). sync / async: this process is one "
+    "task of a training cluster (--cluster_spec or TF_CONFIG): sync data parallel (all-reduce) or "
+    "async with parameter servers. inspect_params: print "
     "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
     "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
     "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
 )
+flags.DEFINE_string(
+    "cluster_spec",
+    None,
+    "--mode=sync|async: the training cluster in Lingvo's syntax, jobs separated by '@', tasks by ',': "
+    "sync: trainer=host:port,host:port; async: controller=host:port@trainer=host:port,...@ps=host:port. "
+    "Empty: read TF_CONFIG.",
+)
+flags.DEFINE_integer("task_index", 0, "--mode=sync|async: this process's index within its --job.")
 flags.DEFINE_list(
     "job",
     [],
@@ -139,6 +149,11 @@ def main(argv: list[str]) -> int:
         from trainer import pipeline_profile
 
         return pipeline_profile.run(root, FLAGS.logdir, log=print)
+    if FLAGS.mode in ("sync", "async"):
+        from trainer import cluster_jobs
+
+        flags_ = (FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
+        return cluster_jobs.run(root, FLAGS.logdir, *flags_)
     from trainer import launcher
 
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)

@@ -8,6 +8,11 @@ writes train summaries, prints progress, and saves checkpoints.
 The host wakes up only at events: the next multiple of ``log_interval_steps``,
 ``summary_interval_steps`` or ``save_interval_steps``, ``max_steps``, or about a second of work (so
 ``save_interval_seconds`` is honoured); in between, the steps run inside one ``tf.function`` call.
+
+Data parallel (``parallel``, see trainer/distributed.py): every worker runs this loop on its shard of
+the input, in calls of the same number of steps (so their all-reduces pair up); only the chief holds
+the lock and writes params.txt, summaries, progress lines and checkpoints. Checkpoints then hold no
+iterator: a worker's input position is a function of the global step, restored by skipping.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import files, logdir_guard, mesh_setup, model_analysis, progress
+from trainer import distributed, files, logdir_guard, mesh_setup, model_analysis, progress
 from trainer.checkpointer import Checkpointer
 from trainer.lock import TrainerLock
 from trainer.summaries import SummaryWriter
@@ -29,6 +34,7 @@ from trainer.train_step import TrainStep
 
 MAX_SECONDS_PER_CALL = 1.0  # wall time of one compiled call, so time-based saves are not late
 MAX_STEPS_PER_CALL = 1000
+PARALLEL_STEPS_PER_CALL = 50  # fixed, not timed: the workers' calls must run the same steps
 
 
 def _print(line: str) -> None:
@@ -45,13 +51,17 @@ class TrainLoop:
         *,
         log: Callable[[str], None] = _print,
         after_save: Callable[[int], None] | None = None,
+        parallel: distributed.DataParallel | None = None,
     ) -> None:
-        """``after_save(step)`` runs after each checkpoint (the in-process evalers and decoders)."""
+        """``after_save(step)`` runs after each checkpoint (the in-process evalers and decoders).
+        ``parallel``: this worker's place in a data-parallel cluster (None: one process trains)."""
         self.root = root
         self.logdir = logdir
         self.train_dir = files.join(logdir, "train")
         self._log = log
         self._after_save = after_save
+        self._parallel = parallel
+        self.is_chief = parallel is None or parallel.is_chief
         self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train
         self._lock = TrainerLock(self.train_dir, log=log)
@@ -62,6 +72,9 @@ class TrainLoop:
 
     # ------------------------------------------------------------------------------------ set-up
     def __enter__(self) -> TrainLoop:
+        if not self.is_chief:  # writes nothing under the logdir
+            self._setup()
+            return self
         try:
             tf.io.gfile.makedirs(self.train_dir)
         except (tf.errors.OpError, OSError) as e:
@@ -78,6 +91,9 @@ class TrainLoop:
         self.close()
 
     def _setup(self) -> None:
+        if self._parallel is not None:
+            self._setup_parallel(self._parallel)
+            return
         params_text = self.root.to_text()
         self._writer = SummaryWriter(self.train_dir)
         self.step_fn = mesh_setup.make_train_step(self.root.cluster, self.task_params, self.root.input.train)
@@ -86,9 +102,14 @@ class TrainLoop:
         )
         path = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())
-        if path:
-            self._log(f"trainer: resumed from {path} at step {self.step}")
-        params_changed = logdir_guard.write_params(self.logdir, params_text, self.step)  # run accepted
+        self._record_run(path, params_text)
+
+    def _record_run(self, restored: str | None, params_text: str) -> None:
+        """The controller's (or chief's) files once the run is accepted and restored: params.txt,
+        model_analysis.txt, and the Params as a text summary."""
+        if restored:
+            self._log(f"trainer: resumed from {restored} at step {self.step}")
+        params_changed = logdir_guard.write_params(self.logdir, params_text, self.step)
         files.write_text_atomic(
             files.join(self.logdir, "model_analysis.txt"),
             model_analysis.model_analysis(self.step_fn.task, self.step_fn.learner),
@@ -96,6 +117,31 @@ class TrainLoop:
         if params_changed or self.step == 0:  # once per run, again if a resumed run changed them
             self._writer.text(self.step, "params", params_text)
             self._writer.flush()
+
+    def _setup_parallel(self, parallel: distributed.DataParallel) -> None:
+        """A data-parallel worker: the same model and restore on every worker; the chief writes."""
+        if self.is_chief:
+            self._writer = SummaryWriter(self.train_dir)
+        self.step_fn = TrainStep(
+            self.task_params,
+            self.root.input.train,
+            strategy=parallel.strategy,
+            shard=(parallel.worker_index, parallel.num_workers),
+        )
+        self.checkpointer = Checkpointer(
+            self.train_dir,
+            self.train.save_max_to_keep,
+            task=self.step_fn.task,
+            learner=self.step_fn.learner,
+            global_step=self.step_fn.global_step,
+        )
+        path = self.checkpointer.restore_latest()
+        self.step = int(self.step_fn.global_step.numpy())
+        self.step_fn.skip_to(self.step)
+        self._steps_per_call = PARALLEL_STEPS_PER_CALL
+        if self.is_chief:
+            self._log(f"trainer: {parallel.num_workers} workers in sync; this is the chief ({parallel.name})")
+            self._record_run(path, self.root.to_text())
 
     def close(self) -> None:
         if self._writer is not None:
@@ -128,8 +174,12 @@ class TrainLoop:
             if not bool(finite.numpy()):
                 self._diverged(outputs)
             steps_per_sec = (stop - self.step) / max(time.perf_counter() - start, 1e-6)
-            self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, int(steps_per_sec * MAX_SECONDS_PER_CALL)))
+            if self._parallel is None:
+                per_call = int(steps_per_sec * MAX_SECONDS_PER_CALL)
+                self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, per_call))
             self.step = stop
+            if not self.is_chief:
+                continue
             if self._due(p.summary_interval_steps):
                 self._write_summaries(outputs, summary_rate.mark(self.step))
             if self._due(p.log_interval_steps):
@@ -144,7 +194,7 @@ class TrainLoop:
                 summary_rate.pause(paused)
                 log_rate.pause(paused)
                 last_save_time = time.perf_counter()
-        if self.step >= max_steps and self.checkpointer.latest_step != self.step:
+        if self.is_chief and self.step >= max_steps and self.checkpointer.latest_step != self.step:
             self.save()
         return self.step
 

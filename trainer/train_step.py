@@ -8,6 +8,11 @@ seed=task.params.random_seed)``; ``metrics = task.fprop(ctx, batch)``; gradients
 cost of a call is paid once per ``n`` steps; the host only looks at the results at the end of the call.
 A step whose loss is NaN or Inf changes nothing (no update, no step increment) and ends the loop, so
 the weights stay those of the last good step and the caller can refuse to save them.
+
+Data parallel (``--mode=sync``, see trainer/distributed.py): given a ``strategy`` and this worker's
+``shard``, the input yields this worker's share of each global batch, the loop runs in the
+strategy's replica context, and gradients and metrics are averaged over the replicas (all-reduce)
+before they are applied, so every replica applies the same update to its own copy of the weights.
 """
 
 from __future__ import annotations
@@ -27,10 +32,20 @@ RESERVED_SUMMARY_NAMES = ("steps_per_sec", "examples_per_sec")
 class TrainStep:
     """The task, its learner, the global step and the train input iterator, and the compiled step."""
 
-    def __init__(self, task_params: Params, input_params: Params) -> None:
+    def __init__(
+        self,
+        task_params: Params,
+        input_params: Params,
+        *,
+        strategy: tf.distribute.Strategy | None = None,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
+        """``strategy`` (data parallel): the loop runs in its replica context; ``shard``: (worker, of)."""
         self.task = task_params.instantiate()
         self.input = input_params.instantiate()
+        self.input.shard(*shard)
         self.iterator = iter(self.input.dataset())
+        self._strategy = strategy
         with tf.init_scope():
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._variables = list(self.task.trainable_variables)
@@ -39,11 +54,19 @@ class TrainStep:
         self.learner = Learner(task_params.train, self._variables)
         self._seed = self.task.params.random_seed
         self._zero_outputs = self._output_zeros()
-        self._run = tf.function(self._run_steps)
+        if strategy is None:
+            self._run = tf.function(self._run_steps)
+        else:
+            self._run = tf.function(lambda n: strategy.run(self._run_steps, args=(n,)))
 
     @property
     def batch_size(self) -> int:
         return int(self.input.params.batch_size)
+
+    def skip_to(self, step: int) -> None:
+        """Restarts the input at the batch of ``step`` (a resumed data-parallel worker, whose
+        iterator is not in the checkpoint: every worker's position is a function of the step)."""
+        self.iterator = iter(self.input.dataset().skip(step))
 
     def run(self, num_steps: int) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
         """Runs up to ``num_steps`` steps; returns (all losses finite, outputs of the last step run).
@@ -54,8 +77,8 @@ class TrainStep:
             return self._run(tf.constant(num_steps, tf.int32))
 
     # ----------------------------------------------------------------------------------- the step
-    def _forward_backward(self) -> tuple[tf.Tensor, list, FPropContext, dict[str, tf.Tensor]]:
-        batch = next(self.iterator)
+    def _forward_backward(self, batch: dict | None = None) -> tuple[tf.Tensor, list, FPropContext, dict]:
+        batch = next(self.iterator) if batch is None else batch
         step = self.global_step.read_value()
         ctx = FPropContext(training=True, step=step, seed=self._seed)
         with tf.GradientTape() as tape:
@@ -65,6 +88,17 @@ class TrainStep:
             loss = metrics["loss"][0]
         grads = tape.gradient(loss, self._variables)
         values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, (value, _) in metrics.items()}
+        replica = tf.distribute.get_replica_context()
+        if self._strategy is not None and replica is not None and replica.num_replicas_in_sync > 1:
+            # Equal shards of the global batch: the mean over replicas is the global batch's value.
+            mean = tf.distribute.ReduceOp.MEAN
+            grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+            present = [i for i, g in enumerate(grads) if g is not None]
+            reduced = replica.all_reduce(mean, [grads[i] for i in present])
+            for i, g in zip(present, reduced):
+                grads[i] = g
+            values = replica.all_reduce(mean, values)
+            loss = tf.cast(values["loss"], loss.dtype)  # the same on every replica: all stop together
         return loss, grads, ctx, values
 
     def _apply(self, grads: list, ctx: FPropContext) -> dict[str, tf.Tensor]:
@@ -92,8 +126,10 @@ class TrainStep:
             )
         return tf.nest.map_structure(lambda t: tf.zeros([], t.dtype), spec)
 
-    def _guarded_step(self) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
-        loss, grads, ctx, values = self._forward_backward()
+    def guarded_step(self, batch: dict | None = None) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        """One step on ``batch`` (None: the next from ``iterator``): (loss finite, outputs); a step
+        whose loss is not finite changes nothing. Async training schedules this on the workers."""
+        loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
         learner_out = tf.cond(
             finite, lambda: self._apply(grads, ctx), lambda: dict(self._zero_outputs["learner"])
@@ -105,7 +141,7 @@ class TrainStep:
             return tf.logical_and(i < num_steps, finite)
 
         def body(i, finite, outputs):
-            finite, outputs = self._guarded_step()
+            finite, outputs = self.guarded_step()
             return i + 1, finite, outputs
 
         _, finite, outputs = tf.while_loop(

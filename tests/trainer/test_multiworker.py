@@ -1,0 +1,133 @@
+"""Data-parallel training on several processes (--mode=sync): real trainer processes on 127.0.0.1.
+
+Each test picks free ports, bounds every wait, and kills every process it started.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer import cluster_runner as cr
+from tests.trainer.runner import REPO, _env, error_lines
+
+CONVNET = "--model=image.digits.ConvNet"
+GPIPE = "--model=image.digits.GPipeConvNet"
+TIMEOUT = 420  # seconds; each process imports TensorFlow on a shared, loaded machine
+
+
+def _single(procs: cr.Procs, model: str, logdir, text: str) -> None:
+    proc = procs.trainer(
+        "single", model, f"--logdir={logdir}", "--job=controller,trainer", f"--params_override={text}"
+    )
+    code, out = procs.wait(proc, TIMEOUT)
+    assert code == 0, out[-3000:]
+
+
+@pytest.mark.slow
+def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once(tmp_path):
+    text = cr.override(20, 10, "task.eval.poll_interval_seconds : 0.2")
+    logdir, single = tmp_path / "two", tmp_path / "one"
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"])
+        evaler = procs.trainer(
+            "evaler", CONVNET, f"--logdir={logdir}", "--job=evaler_dev", f"--params_override={text}"
+        )
+        _single(procs, CONVNET, single, text)
+        for proc in workers + [evaler]:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+        chief_out, other_out = cr.output(workers[0]), cr.output(workers[1])
+
+    diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-20"), str(single / "train/ckpt-20"))
+    assert count >= 12 and diff <= 1e-5, diff
+    assert "this is the chief (worker:0)" in chief_out and "saved" in chief_out
+    assert "step " not in other_out and "saved" not in other_out  # the chief alone reports
+    # The chief alone wrote the logdir: one train event file, the checkpoints, params.txt, analysis.
+    train_files = sorted(p.name for p in (logdir / "train").iterdir())
+    events = [n for n in train_files if n.startswith("events.out.tfevents")]
+    assert len(events) == 1, train_files
+    assert set(train_files) - set(events) == {
+        "checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001",
+        "ckpt-20.index", "ckpt-20.data-00000-of-00001",
+    }  # fmt: skip
+    assert sorted(p.name for p in logdir.iterdir()) == [
+        "eval_dev",
+        "model_analysis.txt",
+        "params.txt",
+        "train",
+    ]
+    scores = [
+        json.loads(line)["step"] for line in (logdir / "eval_dev/scores.jsonl").read_text().splitlines()
+    ]
+    assert scores == [10, 20]
+
+
+@pytest.mark.slow
+def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
+    logdir, single = tmp_path / "run", tmp_path / "one"
+    endless = cr.override(100000, 20)
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={endless}"])
+        cr.wait_for(logdir / "train/ckpt-40.index", TIMEOUT, workers)
+        workers[1].kill()
+        code, out = procs.wait(workers[0], 60)  # the survivor stops on its own, within 60 s
+        assert code == 1, out[-3000:]
+        errors = error_lines(out)
+        assert len(errors) == 1 and "worker:0 stopped" in errors[0] and "worker:1 (127.0.0.1:" in errors[0], (
+            errors
+        )
+        saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
+
+        until = saved + 20
+        text = cr.override(until, 20)
+        restarted = cr.sync_workers(
+            procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r"
+        )
+        _single(procs, CONVNET, single, text)
+        for proc in restarted:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+        assert f"resumed from {logdir / 'train'}/ckpt-{saved} at step {saved}" in cr.output(restarted[0])
+
+    diff, _ = cr.max_weight_diff(str(logdir / f"train/ckpt-{until}"), str(single / f"train/ckpt-{until}"))
+    assert diff <= 1e-5, diff
+
+
+@pytest.mark.slow
+def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
+    """Each worker pipelines its half of the batch over its own 2 logical CPUs (K=2, M=4)."""
+    text = cr.override(20, 20, "task.train.learning_rate : 0.01")  # 0.03 is chaotic with 16-example BN
+    logdir, single = tmp_path / "two", tmp_path / "one"
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [GPIPE, f"--logdir={logdir}", f"--params_override={text}"])
+        _single(procs, GPIPE, single, text)
+        for proc in workers:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    assert "2 stages" in (logdir / "model_analysis.txt").read_text()
+    diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-20"), str(single / "train/ckpt-20"))
+    assert count >= 12 and diff <= 1e-5, diff
+
+
+@pytest.mark.slow
+def test_async_two_trainers_one_ps_loss_falls(tmp_path):
+    """tools.local_cluster starts a controller, 2 trainers and a ps; it stops the servers at the end."""
+    logdir = tmp_path / "async"
+    text = cr.override(60, 30, "task.train.log_interval_steps : 10")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "tools.local_cluster", "--workers=2", "--ps=1", CONVNET,
+            f"--logdir={logdir}", "--", f"--params_override={text}",
+        ],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("[ps:0] trainer: async ps:0 serving") for line in lines)
+    losses = [
+        float(line.split("loss ")[1].split()[0]) for line in lines if line.startswith("[controller:0] step ")
+    ]
+    assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
+    assert (logdir / "train/ckpt-60.index").exists() and (logdir / "params.txt").exists()

@@ -1,0 +1,164 @@
+"""``python -m tools.benchmark multiworker``: training examples/s of a cluster over one process.
+
+Runs, one after the other on this machine, the real binary (``python -m trainer``) three ways with
+the same experiment and global batch: one trainer process pinned to one core (``--mode=train``); 2
+sync trainers (``--mode=sync``, each pinned to its own core); and async (``--mode=async``: 2
+trainers, a controller and a ps). Each process runs with one intra-
+and one inter-op thread. (In the async run nothing is pinned: pinned to one core each, the async trainers
+never ran a step on this TF 2.21 build; the controller waited on them until the timeout.) The figure
+of a run is the median of the examples/s its chief prints
+between log lines (the first ``--skip_lines`` lines, which include tracing, are left out). Prints one
+JSON line per run and one with the ratios, each with the 1-minute load average: the machine may be
+shared, so the ratios are only as steady as the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tools import local_cluster
+
+RATE = re.compile(r"step (\d+)/\d+ .* ([\d.]+) examples/s")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tools.benchmark multiworker")
+    parser.add_argument("--model", default="image.digits.ConvNet", help="Experiment to train.")
+    parser.add_argument("--batch_size", type=int, default=256, help="Global batch (all workers together).")
+    parser.add_argument("--steps", type=int, default=300, help="Steps of each run.")
+    parser.add_argument("--log_every", type=int, default=25, help="Steps between the rates read.")
+    parser.add_argument("--skip_lines", type=int, default=2, help="First rate lines left out (warm-up).")
+    parser.add_argument("--no_async", action="store_true", help="Skip the async run.")
+    parser.add_argument("--timeout", type=float, default=300, help="Seconds a run may take.")
+    return parser.parse_args(argv[1:])
+
+
+def _override(args: argparse.Namespace) -> str:
+    return "; ".join(
+        [
+            f"task.train.max_steps : {args.steps}",
+            f"task.train.log_interval_steps : {args.log_every}",
+            "task.train.summary_interval_steps : 0",
+            "task.train.save_interval_steps : 0",
+            "task.train.save_interval_seconds : 0",
+            f"input.train.batch_size : {args.batch_size}",
+            "cluster.intra_op_threads : 1",
+            "cluster.inter_op_threads : 1",
+        ]
+    )
+
+
+def _cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def _run(tasks: list[local_cluster.Task], pins: dict[str, int], timeout: float) -> tuple[list[float], str]:
+    """Runs a cluster; returns the rates its chief printed and the chief's output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_CONFIG", None)
+    procs = []
+    chief = next(t for t in tasks if not t.server)
+    try:
+        for t in tasks:
+            core = pins.get(t.name)
+            preexec = (lambda c=core: os.sched_setaffinity(0, {c})) if core is not None else None
+            out = tempfile.TemporaryFile(mode="w+")
+            proc = subprocess.Popen(
+                t.command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec
+            )
+            procs.append((t, proc, out))
+        chief_proc = next(p for t, p, _ in procs if t is chief)
+        try:
+            chief_proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tails = []
+            for t, _, o in procs:
+                o.seek(0)
+                tails.append(f"[{t.name}] " + o.read()[-1500:])
+            tail = "\n".join(tails)
+            raise RuntimeError(f"{chief.name} still running after {timeout} s:\n{tail}") from None
+        if not chief.server and len(procs) > 1:
+            deadline = time.monotonic() + 30
+            for t, p, _ in procs:  # sync workers end on their own; async servers are stopped
+                if t.server:
+                    p.terminate()
+                else:
+                    p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for _, p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = ""
+    for t, _, out in procs:
+        out.seek(0)
+        if t is chief:
+            text = out.read()
+        out.close()
+    if chief_proc.returncode != 0:
+        raise RuntimeError(f"{chief.name} failed ({chief_proc.returncode}):\n{text[-2000:]}")
+    return [float(m.group(2)) for m in RATE.finditer(text)], text
+
+
+def _figure(name: str, rates: list[float], skip: int, workers: int) -> dict:
+    kept = rates[skip:] or rates
+    return {
+        "benchmark": "multiworker",
+        "run": name,
+        "workers": workers,
+        "examples_per_sec": round(statistics.median(kept), 1) if kept else None,
+        "rate_lines": len(kept),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    cores = _cores()
+    if len(cores) < 2:
+        print("multiworker: needs 2 cores to pin 2 workers", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="multiworker-") as tmp:
+        flags = [f"--model={args.model}", f"--params_override={_override(args)}"]
+        single = local_cluster.Task(
+            "trainer",
+            0,
+            [sys.executable, "-m", "trainer", "--job=controller,trainer", f"--logdir={tmp}/one", *flags],
+        )
+        rates, _ = _run([single], {"trainer:0": cores[0]}, args.timeout)
+        one = _figure("1 process, 1 core", rates, args.skip_lines, 1)
+        print(json.dumps(one), flush=True)
+
+        sync_tasks = local_cluster.tasks(2, 0, [f"--logdir={tmp}/sync", *flags])
+        rates, _ = _run(sync_tasks, {"trainer:0": cores[0], "trainer:1": cores[1]}, args.timeout)
+        sync = _figure("2 sync workers, 1 core each", rates, args.skip_lines, 2)
+        print(json.dumps(sync), flush=True)
+
+        ratios = {
+            "benchmark": "multiworker",
+            "sync_over_one": round(sync["examples_per_sec"] / one["examples_per_sec"], 3),
+        }
+        if not args.no_async:
+            async_tasks = local_cluster.tasks(2, 1, [f"--logdir={tmp}/async", *flags])
+            # Unpinned: with each trainer pinned to one core, the trainers of TF 2.21 never ran a step.
+            rates, _ = _run(async_tasks, {}, args.timeout)
+            name = "async: 2 trainers, a controller and a ps, all unpinned"
+            asyn = _figure(name, rates, args.skip_lines, 2)
+            print(json.dumps(asyn), flush=True)
+            ratios["async_over_one"] = round(asyn["examples_per_sec"] / one["examples_per_sec"], 3)
+        ratios.update(
+            model=args.model,
+            global_batch=args.batch_size,
+            steps=args.steps,
+            loadavg_1m=round(os.getloadavg()[0], 2),
+        )
+        print(json.dumps(ratios), flush=True)
+    return 0

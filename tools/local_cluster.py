@@ -1,0 +1,186 @@
+"""``python -m tools.local_cluster``: a training cluster on this machine, one process per task.
+
+    python -m tools.local_cluster --workers=2 --model=image.digits.ConvNet --logdir=runs/digits2
+    python -m tools.local_cluster --workers=2 --ps=1 --model=image.digits.ConvNet --logdir=runs/async
+    python -m tools.local_cluster --workers=2 --model=... --logdir=... -- --params_override='...'
+
+Picks free ports on 127.0.0.1, starts ``python -m trainer`` once per task with ``--mode=sync`` (no
+ps) or ``--mode=async`` (``--ps`` > 0: a controller, the trainers and the parameter servers), the
+right ``--cluster_spec``, ``--job`` and ``--task_index``, and prints every output line prefixed with
+the process's name (``[trainer:1] ...``). Before starting, it prints each process's command: the ones
+to run on real machines, with real host names. Ctrl-C (or SIGTERM) is forwarded to every process. When
+one process exits with an error, the others get ``--grace_seconds`` to stop on their own (they should:
+the cluster noticed), then are killed. The exit status is the first non-zero one, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class Task:
+    """One process of the cluster."""
+
+    job: str  # Lingvo job: controller, trainer or ps
+    index: int
+    command: list[str]
+    server: bool = False  # async trainers and ps serve until stopped
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now (held open together, so no two are equal)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def cluster_spec(workers: int, ps: int, ports: Sequence[int], host: str = HOST) -> str:
+    """Lingvo's ``--cluster_spec`` for ``workers`` trainers (and a controller and ``ps`` ps if ps > 0)."""
+    ports = list(ports)
+    jobs = []
+    if ps:
+        jobs.append(f"controller={host}:{ports.pop(0)}")
+    jobs.append("trainer=" + ",".join(f"{host}:{ports.pop(0)}" for _ in range(workers)))
+    if ps:
+        jobs.append("ps=" + ",".join(f"{host}:{ports.pop(0)}" for _ in range(ps)))
+    return "@".join(jobs)
+
+
+def tasks(workers: int, ps: int, trainer_flags: Sequence[str], python: str = sys.executable) -> list[Task]:
+    """Every process of the cluster, with its full command line."""
+    if workers < 1 or ps < 0:
+        raise ValueError(f"--workers must be >= 1 and --ps >= 0, got {workers} and {ps}")
+    spec = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
+    mode = "async" if ps else "sync"
+    jobs = ([("controller", 0)] if ps else []) + [("trainer", i) for i in range(workers)]
+    jobs += [("ps", i) for i in range(ps)]
+    base = [python, "-m", "trainer", f"--mode={mode}", f"--cluster_spec={spec}"]
+    return [
+        Task(
+            job,
+            i,
+            [*base, f"--job={job}", f"--task_index={i}", *trainer_flags],
+            server=bool(ps) and job != "controller",
+        )
+        for job, i in jobs
+    ]
+
+
+def _pump(task: Task, lock: threading.Lock) -> None:
+    assert task.proc is not None and task.proc.stdout is not None
+    for line in task.proc.stdout:
+        with lock:
+            sys.stdout.write(f"[{task.name}] {line}")
+            sys.stdout.flush()
+
+
+def run(cluster: list[Task], grace_seconds: float) -> int:
+    """Starts every task, relays their output, and returns the cluster's exit status."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)  # each process gets its cluster from --cluster_spec
+    lock = threading.Lock()
+    pumps = []
+    for task in cluster:
+        print(f"local_cluster: {task.name}: {shlex.join(task.command)}", flush=True)
+    for task in cluster:
+        task.proc = subprocess.Popen(
+            task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        pump = threading.Thread(target=_pump, args=(task, lock), daemon=True)
+        pump.start()
+        pumps.append(pump)
+
+    def forward(signum: int, frame: object) -> None:
+        del frame
+        for t in cluster:
+            if t.proc is not None and t.proc.poll() is None:
+                t.proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    status = 0
+    try:
+        status = _wait(cluster, grace_seconds)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for t in cluster:  # nothing outlives the tool
+            if t.proc is not None and t.proc.poll() is None:
+                t.proc.kill()
+                t.proc.wait()
+        for pump in pumps:
+            pump.join(timeout=5)
+    return status
+
+
+def _wait(cluster: list[Task], grace_seconds: float) -> int:
+    status, deadline = 0, None
+    stopping = False
+    while True:
+        running = [t for t in cluster if t.proc.poll() is None]
+        if not stopping and running and all(t.server for t in running):
+            stopping = True  # the controller is done: the servers have nothing left to serve
+            for t in running:
+                t.proc.terminate()
+        for t in cluster:
+            code = t.proc.returncode
+            if code not in (None, 0) and status == 0 and not (stopping and t.server):
+                status = code if code > 0 else 128 - code
+                print(f"local_cluster: {t.name} exited with status {code}", file=sys.stderr, flush=True)
+                deadline = time.monotonic() + grace_seconds
+        if not running:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            names = ", ".join(t.name for t in running)
+            print(f"local_cluster: stopping {names} ({grace_seconds:g} s after the failure)", file=sys.stderr)
+            for t in running:
+                t.proc.kill()
+            deadline = float("inf")
+        time.sleep(0.2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.local_cluster",
+        description="Run a training cluster on 127.0.0.1. Flags after '--' go to every trainer process.",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="Trainer replicas (TensorFlow workers).")
+    parser.add_argument("--ps", type=int, default=0, help="Parameter servers; > 0 trains async.")
+    parser.add_argument("--model", required=True, help="Registry key of the experiment.")
+    parser.add_argument("--logdir", required=True, help="The run's shared logdir.")
+    parser.add_argument(
+        "--grace_seconds",
+        type=float,
+        default=60.0,
+        help="After one process fails, wait this long for the rest.",
+    )
+    args, rest = parser.parse_known_args(argv)
+    rest = [a for a in rest if a != "--"]
+    if args.workers < 1 or args.ps < 0:
+        parser.error(f"--workers must be >= 1 and --ps >= 0, got {args.workers} and {args.ps}")
+    flags = [f"--model={args.model}", f"--logdir={args.logdir}", *rest]
+    return run(tasks(args.workers, args.ps, flags), args.grace_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

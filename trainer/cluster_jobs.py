@@ -1,0 +1,118 @@
+"""The jobs of a training cluster (``--mode=sync|async``): one process's part, from its Role.
+
+- sync: every process is a trainer replica of ``MultiWorkerMirroredStrategy``; the chief (worker 0)
+  also does the controller's writing (see train_job.TrainLoop's ``parallel``).
+- async: the controller coordinates (trainer/async_train.py), trainers and ps run a
+  ``tf.distribute.Server`` until the controller is done or they are stopped.
+
+A peer that dies makes TensorFlow's collectives or coordination service fail on the others; that is
+turned into one line naming the cluster's peers, and a non-zero exit, within a bounded time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging as absl_logging
+
+from params.errors import ConfigError, UserError
+from params.hyperparams import Params
+from trainer import cluster, distributed, launcher
+from trainer.train_job import TrainLoop
+
+# Errors with which TensorFlow reports a peer that went away (or never came).
+PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.InternalError,
+    tf.errors.UnknownError,
+    tf.errors.FailedPreconditionError,
+)
+TRAINER_JOBS = ("controller", "trainer")
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+def lingvo_job(mode: str, jobs: list[str]) -> str | None:
+    """The one cluster job named by ``--job`` (None: the default of the mode)."""
+    names = [j.strip() for j in jobs if j.strip()]
+    if not names:
+        return None
+    if mode == distributed.SYNC and set(names) <= set(TRAINER_JOBS):
+        return "trainer"
+    if len(names) == 1 and names[0] in distributed.TASK_TYPES:
+        return names[0]
+    raise ConfigError(
+        f"--job={','.join(names)}: with --mode={mode} a process runs one of controller, trainer, ps "
+        "(evalers and decoders run outside the cluster: --mode=train --job=evaler_<dataset>)"
+    )
+
+
+def run(
+    root: Params,
+    logdir: str,
+    mode: str,
+    jobs: list[str],
+    cluster_spec: str | None,
+    task_index: int,
+    log: Callable[[str], None] = _print,
+) -> int:
+    """Runs this process's part of the training cluster; returns the exit status."""
+    if jobs and all(j.split("_")[0] in launcher.JOB_KINDS for j in jobs if j.strip()):
+        return launcher.run_jobs(root, logdir, jobs, log=log)  # evalers/decoders: outside the cluster
+    role = distributed.resolve_role(mode, cluster_spec, lingvo_job(mode, jobs), task_index)
+    # Before the strategy starts TensorFlow's runtime. Async trainers shuffle by their clock.
+    cluster.configure(
+        root.cluster, deterministic=not (mode == distributed.ASYNC and role.task_type == "worker")
+    )
+    if absl_logging.get_verbosity() == absl_logging.INFO:  # no INFO chatter per collective
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    if "train" not in root.input.names():
+        raise ConfigError(f"--mode={mode}: the experiment has no 'train' data set")
+    try:
+        if mode == distributed.SYNC:
+            return _run_sync(root, logdir, role, log)
+        from trainer import async_train
+
+        return async_train.run(root, logdir, role, log)
+    except PEER_ERRORS as e:
+        raise UserError(peer_failure(role, e)) from None
+
+
+def peer_failure(role: distributed.Role, error: Exception) -> str:
+    """One line: which process stopped, and which peers it was training with."""
+    peers = ", ".join(
+        f"{t}:{i} ({a})"
+        for t, addresses in role.cluster.items()
+        for i, a in enumerate(addresses)
+        if (t, i) != (role.task_type, role.task_index)
+    )
+    reason = str(getattr(error, "message", error)).strip().splitlines()[0][:200]
+    return (
+        f"{role.name} stopped: a peer of the cluster failed or is unreachable (peers: {peers}); "
+        f"{type(error).__name__}: {reason}. Start every process again to resume from the last checkpoint"
+    )
+
+
+def _run_sync(root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None]) -> int:
+    if role.is_chief:
+        launcher.check_logdir(logdir)
+        log(f"trainer: {root.model}: sync trainer {role.name} of {role.num_workers}; logdir {logdir}")
+    strategy = distributed.sync_strategy(role)
+    parallel = distributed.DataParallel(strategy, role)
+    with TrainLoop(root, logdir, log=log if role.is_chief else _quiet, parallel=parallel) as loop:
+        step = loop.run()
+    distributed.barrier(strategy)  # nobody leaves before the chief saved (it leads the coordination)
+    if role.is_chief:
+        log(f"trainer: done at step {step}; logdir {logdir}")
+    return 0
+
+
+def _quiet(line: str) -> None:
+    del line
