@@ -62,7 +62,7 @@ class GPipeLayer(BaseLayer):
             "uniform",
             "How layers are cut: uniform (equal layer counts), params (balanced parameter bytes), "
             "flops (balanced FLOPs, traced on input_shape), measured (balanced forward+backward time "
-            "on input_shape). The cut minimizes the most expensive stage.",
+            "of each layer at the micro-batch size). The cut minimizes the most expensive stage.",
         )
         p.define(
             "split_points",
@@ -72,8 +72,9 @@ class GPipeLayer(BaseLayer):
         p.define(
             "input_shape",
             None,
-            "Shape of one input batch, e.g. [32, 784] (None for the batch dimension is allowed): needed "
-            "by partition_method flops and measured; when set the partition report shows FLOPs.",
+            "Shape of one input batch, e.g. [32, 784]: needed by partition_method flops and measured, "
+            "which trace each layer on one micro-batch of it (measured needs the batch size here or "
+            "micro_batch_size; flops allows None); when set the partition report shows FLOPs.",
         )
         p.define("input_dtype", "float32", "dtype of the input described by input_shape.")
         p.define("num_micro_batches", 1, "M: each mini-batch is split into M micro-batches.")
@@ -187,8 +188,31 @@ class GPipeLayer(BaseLayer):
                     built.append(q.cls(q, parent=self))
         return built
 
-    def _spec(self) -> tf.TensorSpec:
-        return self._checked(partition.input_spec, list(self.params.input_shape), self.params.input_dtype)
+    def _spec(self, need_micro_batch: bool = False) -> tf.TensorSpec:
+        """The input of one micro-batch: input_shape with its batch dimension set to the micro-batch
+        size (micro_batch_size, or the given batch over num_micro_batches). Unknown, it is 1, which
+        only FLOP counts may use (they scale with the batch); measured times may not."""
+        shape = list(self.params.input_shape)
+        bd = self._batch_dim
+        if bd >= len(shape):
+            raise ConfigError(f"{self.path}: input_shape {shape} has no batch_dim={bd}")
+        batch = shape[bd]
+        if self._micro_batch_size:
+            micro = self._micro_batch_size
+        elif batch is None:
+            micro = None
+        elif isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+            micro = batch // self.num_micro_batches_for(batch)
+        else:
+            micro = batch  # input_spec says what is wrong with it
+        if micro is None and need_micro_batch:
+            raise ConfigError(
+                f"{self.path}: partition_method='measured' times each layer at the micro-batch size, "
+                f"but input_shape {shape} leaves the batch dimension unknown; give the batch size in "
+                "input_shape or set micro_batch_size"
+            )
+        shape[bd] = micro
+        return self._checked(partition.input_spec, shape, self.params.input_dtype)
 
     def _estimate(self, method: str, layers: list[BaseLayer]) -> list[float]:
         if method == "params":
@@ -202,7 +226,7 @@ class GPipeLayer(BaseLayer):
         self._costs["flops"] = [float(f) for f in partition.traced_flops(layers, self._spec())]
         if method == "flops":
             return self._costs["flops"]
-        self._costs["seconds"] = partition.measured_seconds(layers, self._spec())
+        self._costs["seconds"] = partition.measured_seconds(layers, self._spec(need_micro_batch=True))
         return self._costs["seconds"]
 
     def _resolve_devices(self, k: int) -> list[str | None]:
@@ -329,7 +353,7 @@ class GPipeLayer(BaseLayer):
         ]
         # An unpipelined step without remat needs no custom gradient: the plain layers are cheaper.
         custom = ctx.training and (k_stages > 1 or m_count > 1 or any(remat))
-        state = _BackwardState(m_count)
+        state = _BackwardState()
         current = list(micro)
         structures = [structure] * m_count
         previous: list[list[tf.Tensor] | None] = [None] * k_stages
@@ -403,15 +427,17 @@ class GPipeLayer(BaseLayer):
 class _BackwardState:
     """What the backward passes of one fprop's stages share.
 
-    The tape calls a stage's gradient functions once per micro-batch, m = M-1 down to 0 (the
-    ordering op ``_after`` makes the tape wait): each adds its weight gradients to the stage's running
-    sums and the last one hands the sums to the tape, so one gradient per weight is alive rather than
-    M. Each backward also waits for the previous one of its stage (``wait_for``).
+    The tape calls a stage's gradient functions at most once per micro-batch, m = M-1 down to 0 (the
+    ordering op ``_after`` makes the tape finish micro-batch m + 1 of a stage before m). Each adds its
+    weight gradients to the stage's running sums, so one gradient per weight is alive rather than M,
+    and micro-batch 0's call hands the sums to the tape. Micro-batch 0 is always called when any
+    micro-batch of its stage is: ``_after`` gives its ordering inputs a zero gradient, which chains
+    every micro-batch of a stage to the one before it. So a loss that leaves some micro-batches without
+    a gradient still gets every other micro-batch's weight gradients. Each backward also waits for the
+    previous one of its stage (``wait_for``).
     """
 
-    def __init__(self, num_micro_batches: int) -> None:
-        self._m = num_micro_batches
-        self._calls: dict[int, int] = {}
+    def __init__(self) -> None:
         self._sums: dict[int, dict[Any, Any]] = {}
         self._last: dict[int, list[tf.Tensor]] = {}
 
@@ -419,18 +445,22 @@ class _BackwardState:
         return list(self._last.get(k, []))
 
     def add(
-        self, k: int, variables: list[tf.Variable], var_grads: list[Any], input_grads: list[Any]
+        self,
+        k: int,
+        m: int,
+        variables: list[tf.Variable],
+        var_grads: list[Any],
+        input_grads: list[Any],
     ) -> list[Any]:
         sums = self._sums.setdefault(k, {})
         for v, g in zip(variables, var_grads):
             if g is not None:
                 sums[v.ref()] = g if v.ref() not in sums else _add_grads(sums[v.ref()], g)
-        markers = [_dense_part(g) for g in sums.values()] or [g for g in input_grads if g is not None]
-        calls = self._calls.get(k, 0) + 1
-        if calls < self._m:
-            self._calls[k], self._last[k] = calls, markers
+        if m > 0:
+            markers = [_dense_part(g) for g in sums.values()] or [g for g in input_grads if g is not None]
+            self._last[k] = markers or self._last.get(k, [])
             return [None] * len(variables)
-        self._calls[k], self._sums[k], self._last[k] = 0, {}, []
+        self._sums[k], self._last[k] = {}, []
         return [sums.get(v.ref()) for v in variables]
 
 
@@ -480,7 +510,7 @@ class _StageCall:
                                 dys = [tf.identity(d) for d in dys]
                         grads = _gradients(tape, ys, dys, args + variables)
                     dxs, dvs = grads[: len(args)], grads[len(args) :]
-                    dvs = self._state.add(self._k, variables, dvs, dxs)
+                    dvs = self._state.add(self._k, self._m, variables, dvs, dxs)
                 return (dxs, dvs) if variables else dxs
 
             return ys, grad
@@ -516,8 +546,10 @@ def _gradients(tape: tf.GradientTape, ys: list[tf.Tensor], dys: list[tf.Tensor],
 
 
 def _after(xs: list[tf.Tensor], deps: list[tf.Tensor]) -> list[tf.Tensor]:
-    """``xs``, available only once ``deps`` are. Gradients pass straight through to ``xs``; ``deps`` get
-    none, but the tape still finishes the ops that consume ``xs`` before those producing ``deps``."""
+    """``xs``, available only once ``deps`` are. Gradients pass straight through to ``xs``; the
+    floating ``deps`` get a zero gradient: the tape then finishes the ops that consume ``xs`` before
+    those producing ``deps``, and reaches the producers of ``deps`` whenever it reaches ``xs``'s
+    consumers (``_BackwardState`` relies on both)."""
     n = len(xs)
 
     @tf.custom_gradient
@@ -526,11 +558,20 @@ def _after(xs: list[tf.Tensor], deps: list[tf.Tensor]) -> list[tf.Tensor]:
             out = [tf.identity(a) for a in args[:n]]
 
         def grad(*dys: tf.Tensor) -> list:
-            return list(dys) + [None] * (len(args) - n)
+            return list(dys) + [_zeros_for(d) for d in args[n:]]
 
         return out, grad
 
     return list(after(*xs, *deps))
+
+
+def _zeros_for(t: tf.Tensor) -> tf.Tensor | None:
+    """A zero gradient for ``t`` that does not keep ``t`` alive (None for non-float tensors)."""
+    if not t.dtype.is_floating:
+        return None
+    if t.shape.is_fully_defined():
+        return tf.zeros(t.shape, t.dtype)
+    return tf.zeros_like(t)
 
 
 def _zero_after(tensors: list[tf.Tensor], deps: list[tf.Tensor]) -> tf.Tensor:

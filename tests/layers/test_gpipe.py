@@ -397,3 +397,45 @@ def test_targets_travel_with_micro_batches_and_the_loss_runs_in_the_last_stage()
     np.testing.assert_allclose(got_loss.numpy(), want_loss.numpy(), rtol=1e-6)
     for got, want in zip(got_grads, want_grads):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------- losses using some micro-batches
+class _StopGradientFor(BaseLayer):
+    """Passes its input on, but blocks its gradient for one micro-batch (a loss that uses only some
+    of the pipeline's micro-batches, as far as the earlier stages can tell)."""
+
+    def fprop(self, ctx, x):
+        return tf.stop_gradient(x) if ctx.micro_batch == self.params.micro_batch else x
+
+    @classmethod
+    def Params(cls):
+        p = super().Params()
+        p.define("micro_batch", 0, "The micro-batch whose gradient is blocked.")
+        return p
+
+
+@pytest.mark.parametrize("remat", ["always", "never"])
+@pytest.mark.parametrize("blocked", [0, 1, 3])
+def test_a_loss_without_some_micro_batches_keeps_the_others_weight_gradients(remat, blocked):
+    """Stage 0 gets no gradient for one micro-batch: its weight gradients are the other three
+    micro-batches' (they used to vanish without an error)."""
+    layers = _mlp(dropout=False, depth=2)
+    layers.insert(1, _StopGradientFor.Params().set(name="stop", micro_batch=blocked))
+    pipe = _pipeline(layers, num_stages=2, split_points=[1], num_micro_batches=4, remat=remat)
+    plain = _sequential(layers)
+    x, _ = _data()
+
+    def grads(model, forward):
+        @tf.function
+        def run():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(forward(model, FPropContext(training=True), x)))
+            return tape.gradient(loss, model.trainable_variables)
+
+        return [g.numpy() for g in run()]
+
+    got, want = grads(pipe, _pipelined_forward), grads(plain, _micro_batched_forward(4))
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=TOL)
+    assert np.max(np.abs(got[0])) > 0.01  # stage 0's weights do learn from the other micro-batches
