@@ -37,6 +37,7 @@ from params.hyperparams import InstantiableParams, Params
 REMAT_POLICIES = ("always", "except_last", "never")
 
 StageFn = Callable[[FPropContext, Any], Any]
+HeadFn = Callable[[FPropContext, Any, Any], Any]
 
 
 class GPipeLayer(BaseLayer):
@@ -297,7 +298,7 @@ class GPipeLayer(BaseLayer):
         return self._report
 
     # ------------------------------------------------------------------------------------- fprop
-    def _stage_fn(self, k: int) -> StageFn:
+    def _stage_fn(self, k: int, head: HeadFn | None = None) -> StageFn:
         layers = self.stage_layers(k)
 
         def run(ctx: FPropContext, x: Any) -> Any:
@@ -305,7 +306,14 @@ class GPipeLayer(BaseLayer):
                 x = layer(ctx, x)
             return x
 
-        return run
+        if head is None:
+            return run
+
+        def run_with_head(ctx: FPropContext, x_and_head_inputs: Any) -> Any:
+            x, head_inputs = x_and_head_inputs
+            return head(ctx, run(ctx, x), head_inputs)
+
+        return run_with_head
 
     def num_micro_batches_for(self, batch_size: int) -> int:
         """M for a training batch of ``batch_size`` examples (ConfigError unless M divides it)."""
@@ -325,28 +333,62 @@ class GPipeLayer(BaseLayer):
             )
         return m
 
-    def fprop(self, ctx: FPropContext, x: Any) -> Any:
+    def fprop(self, ctx: FPropContext, x: Any, head: HeadFn | None = None, head_inputs: Any = None) -> Any:
         """Runs the pipeline on the mini-batch ``x`` (a tensor or a nest of them, split along
-        batch_dim); returns the micro-batch outputs concatenated along batch_dim."""
+        batch_dim); returns the micro-batch outputs concatenated along batch_dim.
+
+        ``head(ctx, y, head_inputs_m)``, when given, runs in the last stage on each micro-batch's
+        output ``y``, with that micro-batch's part of ``head_inputs`` (a nest of batch-major tensors,
+        e.g. targets and weights, split like ``x`` on the last stage's device); its per-example
+        results are what is concatenated. A task computes its loss there, so the full batch's logits
+        and their gradient never exist at once. The head may use other layers' weights (a softmax,
+        a tied embedding): their gradients are summed over micro-batches like the stage's own.
+        """
         flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
         if not flat:
             raise ConfigError(f"{self.path}: fprop needs at least one input tensor")
-        for i, t in enumerate(flat):
+        head_inputs = {} if head_inputs is None else head_inputs
+        head_flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(head_inputs)]
+        for i, t in enumerate(flat + head_flat):
             if t.shape.rank is not None and t.shape.rank <= self._batch_dim:
+                what = f"input {i}" if i < len(flat) else f"head input {i - len(flat)}"
                 raise ConfigError(
-                    f"{self.path}: input {i} has shape {t.shape}, which has no batch_dim={self._batch_dim}"
+                    f"{self.path}: {what} has shape {t.shape}, which has no batch_dim={self._batch_dim}"
                 )
+        if head is None and head_flat:
+            raise ConfigError(f"{self.path}: head_inputs given without a head to use them")
+        if head_flat and ctx.training and self._static_batch(head_flat) != self._static_batch(flat):
+            raise ConfigError(
+                f"{self.path}: the head inputs' batch size {self._static_batch(head_flat)} differs from "
+                f"the inputs' {self._static_batch(flat)}"
+            )
         if not ctx.training and self.num_stages == 1:
-            return self._stage_fn(0)(ctx, x)
+            if head is None:
+                return self._stage_fn(0)(ctx, x)
+            return self._stage_fn(0, head)(ctx, (x, head_inputs))
         with _on(self._devices[0]):
             micro = self._split(flat, ctx.training)
-        outputs, structure = self._run_schedule(ctx, micro, x)
+        head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
+        if head_flat:
+            with _on(self._devices[-1]):
+                head_micro = self._split(head_flat, ctx.training, len(micro))
+        outputs, structure = self._run_schedule(ctx, micro, x, head, head_micro, head_inputs)
         with _on(self._devices[-1]):
             return tf.nest.pack_sequence_as(structure, self._join(outputs))
 
-    def _run_schedule(self, ctx: FPropContext, micro: list[list[tf.Tensor]], structure: Any) -> tuple:
-        """The fill-drain order: at clock t, stage k runs micro-batch t - k on ``devices[k]``."""
+    def _run_schedule(
+        self,
+        ctx: FPropContext,
+        micro: list[list[tf.Tensor]],
+        structure: Any,
+        head: HeadFn | None = None,
+        head_micro: list[list[tf.Tensor]] | None = None,
+        head_structure: Any = None,
+    ) -> tuple:
+        """The fill-drain order: at clock t, stage k runs micro-batch t - k on ``devices[k]``; the
+        last stage also runs the head, on its share of the head inputs."""
         k_stages, m_count = self.num_stages, len(micro)
+        head_micro = head_micro or [[] for _ in range(m_count)]
         remat = [
             self._remat == "always" or (self._remat == "except_last" and m < m_count - 1)
             for m in range(m_count)
@@ -360,15 +402,17 @@ class GPipeLayer(BaseLayer):
         for t in range(m_count + k_stages - 1):
             for k in range(max(0, t - m_count + 1), min(k_stages, t + 1)):
                 m = t - k
+                last = k == k_stages - 1 and head is not None
+                fn = self._stage_fn(k, head if last else None)
                 with _on(self._devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
                     xs = current[m] if previous[k] is None else _after(current[m], previous[k])
+                    s_in = (structures[m], head_structure) if last else structures[m]
+                    xs_in = xs + head_micro[m] if last else xs
                     if custom:
-                        call = _StageCall(self._stage_fn(k), ctx, m, k, self._devices[k], remat[m], state)
-                        ys, structures[m] = call(xs, structures[m])
+                        call = _StageCall(fn, ctx, m, k, self._devices[k], remat[m], state)
+                        ys, structures[m] = call(xs_in, s_in)
                     else:
-                        y = self._stage_fn(k)(
-                            ctx.for_micro_batch(m), tf.nest.pack_sequence_as(structures[m], xs)
-                        )
+                        y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))
                         ys, structures[m] = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)], y
                 current[m] = previous[k] = ys
         return current, structures[0]
@@ -386,18 +430,22 @@ class GPipeLayer(BaseLayer):
             joined.append(tf.concat([out[i] for out in outputs], axis=self._batch_dim))
         return joined
 
-    def _split(self, flat: list[tf.Tensor], training: bool) -> list[list[tf.Tensor]]:
+    def _split(
+        self, flat: list[tf.Tensor], training: bool, m_count: int | None = None
+    ) -> list[list[tf.Tensor]]:
         """Micro-batch inputs ``[m][leaf]``. Training: M equal parts of a static batch. Inference: M
-        near-equal parts of any batch, even one of unknown size."""
+        near-equal parts of any batch, even one of unknown size. ``m_count`` forces M (the head
+        inputs are split like the inputs)."""
         bd = self._batch_dim
         if training:
-            m_count = self.num_micro_batches_for(self._static_batch(flat))
+            batch = self._static_batch(flat)
+            m_count = m_count or self.num_micro_batches_for(batch)
             parts = [tf.split(t, m_count, axis=bd) for t in flat] if m_count > 1 else [[t] for t in flat]
             return [[p[m] for p in parts] for m in range(m_count)]
         size = flat[0].shape[bd]
-        if not self._micro_batch_size:
+        if m_count is None and not self._micro_batch_size:
             m_count = self._num_micro_batches
-        else:
+        elif m_count is None:
             m_count = 1 if size is None else max(1, -(-int(size) // self._micro_batch_size))
         if m_count == 1:
             return [list(flat)]
