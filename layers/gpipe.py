@@ -366,14 +366,14 @@ class GPipeLayer(BaseLayer):
             if head is None:
                 return self._stage_fn(0)(ctx, x)
             return self._stage_fn(0, head)(ctx, (x, head_inputs))
-        with _on(self._devices[0]):
-            micro = self._split(flat, ctx.training)
+        with _on(self._devices[0]), tf.name_scope("split_micro_batches"):
+            micro = self._split(flat, ctx.training, device=self._devices[0])
         head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
         if head_flat:
-            with _on(self._devices[-1]):
-                head_micro = self._split(head_flat, ctx.training, len(micro))
+            with _on(self._devices[-1]), tf.name_scope("split_head_inputs"):
+                head_micro = self._split(head_flat, ctx.training, len(micro), self._devices[-1])
         outputs, structure = self._run_schedule(ctx, micro, x, head, head_micro, head_inputs)
-        with _on(self._devices[-1]):
+        with _on(self._devices[-1]), tf.name_scope("join_micro_batches"):
             return tf.nest.pack_sequence_as(structure, self._join(outputs))
 
     def _run_schedule(
@@ -427,20 +427,23 @@ class GPipeLayer(BaseLayer):
                     f"{self.path}: output {i} has shape {leaf.shape}, which has no batch_dim="
                     f"{self._batch_dim} to concatenate micro-batches along"
                 )
-            joined.append(tf.concat([out[i] for out in outputs], axis=self._batch_dim))
+            parts = [out[i] for out in outputs]
+            joined.append(_concat_with_grad_on(self._devices[-1], parts, self._batch_dim))
         return joined
 
     def _split(
-        self, flat: list[tf.Tensor], training: bool, m_count: int | None = None
+        self, flat: list[tf.Tensor], training: bool, m_count: int | None = None, device: str | None = None
     ) -> list[list[tf.Tensor]]:
-        """Micro-batch inputs ``[m][leaf]``. Training: M equal parts of a static batch. Inference: M
-        near-equal parts of any batch, even one of unknown size. ``m_count`` forces M (the head
-        inputs are split like the inputs)."""
+        """Micro-batch inputs ``[m][leaf]``. Training: M equal parts of a static batch (their gradient,
+        a concat, runs on ``device``). Inference: M near-equal parts of any batch, even one of unknown
+        size. ``m_count`` forces M (the head inputs are split like the inputs)."""
         bd = self._batch_dim
         if training:
             batch = self._static_batch(flat)
             m_count = m_count or self.num_micro_batches_for(batch)
-            parts = [tf.split(t, m_count, axis=bd) for t in flat] if m_count > 1 else [[t] for t in flat]
+            if m_count == 1:
+                return [list(flat)]
+            parts = [_split_with_grad_on(device, t, m_count, bd) for t in flat]
             return [[p[m] for p in parts] for m in range(m_count)]
         size = flat[0].shape[bd]
         if m_count is None and not self._micro_batch_size:
@@ -620,6 +623,43 @@ def _zeros_for(t: tf.Tensor) -> tf.Tensor | None:
     if t.shape.is_fully_defined():
         return tf.zeros(t.shape, t.dtype)
     return tf.zeros_like(t)
+
+
+def _split_with_grad_on(device: str | None, x: tf.Tensor, num: int, axis: int) -> list[tf.Tensor]:
+    """``tf.split(x, num, axis)`` whose gradient (the parts' gradients concatenated) runs on
+    ``device``: the first stage's, not wherever the tape happens to be."""
+
+    @tf.custom_gradient
+    def split(x: tf.Tensor) -> Any:
+        def grad(*dys: Any) -> tf.Tensor:
+            with _on(device), tf.name_scope("split_micro_batches_grad"):
+                parts = tf.split(tf.zeros_like(x), num, axis=axis) if any(d is None for d in dys) else []
+                dense = [tf.convert_to_tensor(d) if d is not None else parts[i] for i, d in enumerate(dys)]
+                return tf.concat(dense, axis=axis)
+
+        return tf.split(x, num, axis=axis), grad
+
+    if not x.dtype.is_floating:
+        return tf.split(x, num, axis=axis)
+    return list(split(x))
+
+
+def _concat_with_grad_on(device: str | None, parts: list[tf.Tensor], axis: int) -> tf.Tensor:
+    """``tf.concat(parts, axis)`` whose gradient (the output gradient split back into micro-batches)
+    runs on ``device``: the last stage's."""
+    if not parts[0].dtype.is_floating:
+        return tf.concat(parts, axis=axis)
+
+    @tf.custom_gradient
+    def concat(*parts: tf.Tensor) -> Any:
+        def grad(dy: Any) -> list[tf.Tensor]:
+            with _on(device), tf.name_scope("join_micro_batches_grad"):
+                sizes = tf.stack([tf.shape(p)[axis] for p in parts])
+                return tf.split(tf.convert_to_tensor(dy), sizes, axis=axis, num=len(parts))
+
+        return tf.concat(parts, axis=axis), grad
+
+    return concat(*parts)
 
 
 def _zero_after(tensors: list[tf.Tensor], deps: list[tf.Tensor]) -> tf.Tensor:
