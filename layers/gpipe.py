@@ -3,9 +3,16 @@
 Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the fill-drain order inside
 the caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
 oneDNN ones, 4x slower): at clock t stage k runs micro-batch t - k, with its ops placed on
-``devices[k]``, so TensorFlow's executor overlaps the stages. Each stage takes micro-batch m + 1 only
-after m (forward), and in the backward pass runs m only after m + 1, so a stage never holds two
-micro-batches' activations at once.
+``devices[k]``, so TensorFlow's executor overlaps the stages (tests/layers/test_gpipe_proofs.py
+checks the placement of every stage op and the overlap in a profiled step). Each stage takes
+micro-batch m + 1 only after m (forward), and in the backward pass runs m only after m + 1. With
+``remat=always`` a stage keeps only its inputs between its forward and backward passes, and holds
+one micro-batch's activations at a time (its recompute); with ``never`` it keeps every micro-batch's
+activations until their backward pass, and with ``except_last`` the last micro-batch's.
+
+A ``head`` (``fprop(ctx, x, head=...)``) runs in the last stage on each micro-batch's output with its
+share of ``head_inputs``: the tasks compute their per-example loss there. The micro-batch split's
+gradient runs on the first stage's device and the join's on the last.
 
 Re-materialization. Each (stage, micro-batch) is one ``tf.custom_gradient`` op. With remat it keeps
 only its input: the backward pass recomputes the stage's forward (with ``record_updates=False`` and the
@@ -16,7 +23,10 @@ update equals the unpipelined one for any K and M.
 
 Deferred batch norm. Layers see ``ctx.for_micro_batch(m)``: batch norm normalizes each micro-batch by
 its own statistics and records them (weighted by element count) in the first forward only; the step
-owner merges them once per step with ``ctx.apply_updates()``, which gives the full batch's statistics.
+owner merges them once per step with ``ctx.apply_updates()``. For the first batch-norm layer (whose
+input does not depend on an earlier normalization) the merged statistics are the full batch's; a later
+one sees inputs normalized per micro-batch, so its statistics are those of the micro-batched model,
+which is also what the pipeline trains (equal to the unpipelined model at M=1).
 """
 
 from __future__ import annotations
