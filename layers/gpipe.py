@@ -3,9 +3,16 @@
 Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the fill-drain order inside
 the caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
 oneDNN ones, 4x slower): at clock t stage k runs micro-batch t - k, with its ops placed on
-``devices[k]``, so TensorFlow's executor overlaps the stages. Each stage takes micro-batch m + 1 only
-after m (forward), and in the backward pass runs m only after m + 1, so a stage never holds two
-micro-batches' activations at once.
+``devices[k]``, so TensorFlow's executor overlaps the stages (tests/layers/test_gpipe_proofs.py
+checks the placement of every stage op and the overlap in a profiled step). Each stage takes
+micro-batch m + 1 only after m (forward), and in the backward pass runs m only after m + 1. With
+``remat=always`` a stage keeps only its inputs between its forward and backward passes, and holds
+one micro-batch's activations at a time (its recompute); with ``never`` it keeps every micro-batch's
+activations until their backward pass, and with ``except_last`` the last micro-batch's.
+
+A ``head`` (``fprop(ctx, x, head=...)``) runs in the last stage on each micro-batch's output with its
+share of ``head_inputs``: the tasks compute their per-example loss there. The micro-batch split's
+gradient runs on the first stage's device and the join's on the last.
 
 Re-materialization. Each (stage, micro-batch) is one ``tf.custom_gradient`` op. With remat it keeps
 only its input: the backward pass recomputes the stage's forward (with ``record_updates=False`` and the
@@ -16,7 +23,10 @@ update equals the unpipelined one for any K and M.
 
 Deferred batch norm. Layers see ``ctx.for_micro_batch(m)``: batch norm normalizes each micro-batch by
 its own statistics and records them (weighted by element count) in the first forward only; the step
-owner merges them once per step with ``ctx.apply_updates()``, which gives the full batch's statistics.
+owner merges them once per step with ``ctx.apply_updates()``. For the first batch-norm layer (whose
+input does not depend on an earlier normalization) the merged statistics are the full batch's; a later
+one sees inputs normalized per micro-batch, so its statistics are those of the micro-batched model,
+which is also what the pipeline trains (equal to the unpipelined model at M=1).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from params.hyperparams import InstantiableParams, Params
 REMAT_POLICIES = ("always", "except_last", "never")
 
 StageFn = Callable[[FPropContext, Any], Any]
+HeadFn = Callable[[FPropContext, Any, Any], Any]
 
 
 class GPipeLayer(BaseLayer):
@@ -62,7 +73,7 @@ class GPipeLayer(BaseLayer):
             "uniform",
             "How layers are cut: uniform (equal layer counts), params (balanced parameter bytes), "
             "flops (balanced FLOPs, traced on input_shape), measured (balanced forward+backward time "
-            "on input_shape). The cut minimizes the most expensive stage.",
+            "of each layer at the micro-batch size). The cut minimizes the most expensive stage.",
         )
         p.define(
             "split_points",
@@ -72,8 +83,9 @@ class GPipeLayer(BaseLayer):
         p.define(
             "input_shape",
             None,
-            "Shape of one input batch, e.g. [32, 784] (None for the batch dimension is allowed): needed "
-            "by partition_method flops and measured; when set the partition report shows FLOPs.",
+            "Shape of one input batch, e.g. [32, 784]: needed by partition_method flops and measured, "
+            "which trace each layer on one micro-batch of it (measured needs the batch size here or "
+            "micro_batch_size; flops allows None); when set the partition report shows FLOPs.",
         )
         p.define("input_dtype", "float32", "dtype of the input described by input_shape.")
         p.define("num_micro_batches", 1, "M: each mini-batch is split into M micro-batches.")
@@ -187,8 +199,31 @@ class GPipeLayer(BaseLayer):
                     built.append(q.cls(q, parent=self))
         return built
 
-    def _spec(self) -> tf.TensorSpec:
-        return self._checked(partition.input_spec, list(self.params.input_shape), self.params.input_dtype)
+    def _spec(self, need_micro_batch: bool = False) -> tf.TensorSpec:
+        """The input of one micro-batch: input_shape with its batch dimension set to the micro-batch
+        size (micro_batch_size, or the given batch over num_micro_batches). Unknown, it is 1, which
+        only FLOP counts may use (they scale with the batch); measured times may not."""
+        shape = list(self.params.input_shape)
+        bd = self._batch_dim
+        if bd >= len(shape):
+            raise ConfigError(f"{self.path}: input_shape {shape} has no batch_dim={bd}")
+        batch = shape[bd]
+        if self._micro_batch_size:
+            micro = self._micro_batch_size
+        elif batch is None:
+            micro = None
+        elif isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+            micro = batch // self.num_micro_batches_for(batch)
+        else:
+            micro = batch  # input_spec says what is wrong with it
+        if micro is None and need_micro_batch:
+            raise ConfigError(
+                f"{self.path}: partition_method='measured' times each layer at the micro-batch size, "
+                f"but input_shape {shape} leaves the batch dimension unknown; give the batch size in "
+                "input_shape or set micro_batch_size"
+            )
+        shape[bd] = micro
+        return self._checked(partition.input_spec, shape, self.params.input_dtype)
 
     def _estimate(self, method: str, layers: list[BaseLayer]) -> list[float]:
         if method == "params":
@@ -202,7 +237,7 @@ class GPipeLayer(BaseLayer):
         self._costs["flops"] = [float(f) for f in partition.traced_flops(layers, self._spec())]
         if method == "flops":
             return self._costs["flops"]
-        self._costs["seconds"] = partition.measured_seconds(layers, self._spec())
+        self._costs["seconds"] = partition.measured_seconds(layers, self._spec(need_micro_batch=True))
         return self._costs["seconds"]
 
     def _resolve_devices(self, k: int) -> list[str | None]:
@@ -273,7 +308,7 @@ class GPipeLayer(BaseLayer):
         return self._report
 
     # ------------------------------------------------------------------------------------- fprop
-    def _stage_fn(self, k: int) -> StageFn:
+    def _stage_fn(self, k: int, head: HeadFn | None = None) -> StageFn:
         layers = self.stage_layers(k)
 
         def run(ctx: FPropContext, x: Any) -> Any:
@@ -281,7 +316,14 @@ class GPipeLayer(BaseLayer):
                 x = layer(ctx, x)
             return x
 
-        return run
+        if head is None:
+            return run
+
+        def run_with_head(ctx: FPropContext, x_and_head_inputs: Any) -> Any:
+            x, head_inputs = x_and_head_inputs
+            return head(ctx, run(ctx, x), head_inputs)
+
+        return run_with_head
 
     def num_micro_batches_for(self, batch_size: int) -> int:
         """M for a training batch of ``batch_size`` examples (ConfigError unless M divides it)."""
@@ -301,50 +343,86 @@ class GPipeLayer(BaseLayer):
             )
         return m
 
-    def fprop(self, ctx: FPropContext, x: Any) -> Any:
+    def fprop(self, ctx: FPropContext, x: Any, head: HeadFn | None = None, head_inputs: Any = None) -> Any:
         """Runs the pipeline on the mini-batch ``x`` (a tensor or a nest of them, split along
-        batch_dim); returns the micro-batch outputs concatenated along batch_dim."""
+        batch_dim); returns the micro-batch outputs concatenated along batch_dim.
+
+        ``head(ctx, y, head_inputs_m)``, when given, runs in the last stage on each micro-batch's
+        output ``y``, with that micro-batch's part of ``head_inputs`` (a nest of batch-major tensors,
+        e.g. targets and weights, split like ``x`` on the last stage's device); its per-example
+        results are what is concatenated. A task computes its loss there, so the full batch's logits
+        and their gradient never exist at once. The head may use other layers' weights (a softmax,
+        a tied embedding): their gradients are summed over micro-batches like the stage's own.
+        """
         flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
         if not flat:
             raise ConfigError(f"{self.path}: fprop needs at least one input tensor")
-        for i, t in enumerate(flat):
+        head_inputs = {} if head_inputs is None else head_inputs
+        head_flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(head_inputs)]
+        for i, t in enumerate(flat + head_flat):
             if t.shape.rank is not None and t.shape.rank <= self._batch_dim:
+                what = f"input {i}" if i < len(flat) else f"head input {i - len(flat)}"
                 raise ConfigError(
-                    f"{self.path}: input {i} has shape {t.shape}, which has no batch_dim={self._batch_dim}"
+                    f"{self.path}: {what} has shape {t.shape}, which has no batch_dim={self._batch_dim}"
                 )
+        if head is None and head_flat:
+            raise ConfigError(f"{self.path}: head_inputs given without a head to use them")
+        if head_flat and ctx.training and self._static_batch(head_flat) != self._static_batch(flat):
+            raise ConfigError(
+                f"{self.path}: the head inputs' batch size {self._static_batch(head_flat)} differs from "
+                f"the inputs' {self._static_batch(flat)}"
+            )
         if not ctx.training and self.num_stages == 1:
-            return self._stage_fn(0)(ctx, x)
-        with _on(self._devices[0]):
-            micro = self._split(flat, ctx.training)
-        outputs, structure = self._run_schedule(ctx, micro, x)
-        with _on(self._devices[-1]):
+            if head is None:
+                return self._stage_fn(0)(ctx, x)
+            return self._stage_fn(0, head)(ctx, (x, head_inputs))
+        with _on(self._devices[0]), tf.name_scope("split_micro_batches"):
+            micro = self._split(flat, ctx.training, device=self._devices[0])
+        head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
+        if head_flat:
+            with _on(self._devices[-1]), tf.name_scope("split_head_inputs"):
+                head_micro = self._split(head_flat, ctx.training, len(micro), self._devices[-1])
+        outputs, structure = self._run_schedule(ctx, micro, x, head, head_micro, head_inputs)
+        with _on(self._devices[-1]), tf.name_scope("join_micro_batches"):
             return tf.nest.pack_sequence_as(structure, self._join(outputs))
 
-    def _run_schedule(self, ctx: FPropContext, micro: list[list[tf.Tensor]], structure: Any) -> tuple:
-        """The fill-drain order: at clock t, stage k runs micro-batch t - k on ``devices[k]``."""
+    def _run_schedule(
+        self,
+        ctx: FPropContext,
+        micro: list[list[tf.Tensor]],
+        structure: Any,
+        head: HeadFn | None = None,
+        head_micro: list[list[tf.Tensor]] | None = None,
+        head_structure: Any = None,
+    ) -> tuple:
+        """The fill-drain order: at clock t, stage k runs micro-batch t - k on ``devices[k]``; the
+        last stage also runs the head, on its share of the head inputs."""
         k_stages, m_count = self.num_stages, len(micro)
+        head_micro = head_micro or [[] for _ in range(m_count)]
         remat = [
             self._remat == "always" or (self._remat == "except_last" and m < m_count - 1)
             for m in range(m_count)
         ]
         # An unpipelined step without remat needs no custom gradient: the plain layers are cheaper.
         custom = ctx.training and (k_stages > 1 or m_count > 1 or any(remat))
-        state = _BackwardState(m_count)
+        state = _BackwardState()
         current = list(micro)
         structures = [structure] * m_count
         previous: list[list[tf.Tensor] | None] = [None] * k_stages
         for t in range(m_count + k_stages - 1):
             for k in range(max(0, t - m_count + 1), min(k_stages, t + 1)):
                 m = t - k
+                last = k == k_stages - 1 and head is not None
+                fn = self._stage_fn(k, head if last else None)
                 with _on(self._devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
                     xs = current[m] if previous[k] is None else _after(current[m], previous[k])
+                    s_in = (structures[m], head_structure) if last else structures[m]
+                    xs_in = xs + head_micro[m] if last else xs
                     if custom:
-                        call = _StageCall(self._stage_fn(k), ctx, m, k, self._devices[k], remat[m], state)
-                        ys, structures[m] = call(xs, structures[m])
+                        call = _StageCall(fn, ctx, m, k, self._devices[k], remat[m], state)
+                        ys, structures[m] = call(xs_in, s_in)
                     else:
-                        y = self._stage_fn(k)(
-                            ctx.for_micro_batch(m), tf.nest.pack_sequence_as(structures[m], xs)
-                        )
+                        y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))
                         ys, structures[m] = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)], y
                 current[m] = previous[k] = ys
         return current, structures[0]
@@ -359,21 +437,28 @@ class GPipeLayer(BaseLayer):
                     f"{self.path}: output {i} has shape {leaf.shape}, which has no batch_dim="
                     f"{self._batch_dim} to concatenate micro-batches along"
                 )
-            joined.append(tf.concat([out[i] for out in outputs], axis=self._batch_dim))
+            parts = [out[i] for out in outputs]
+            joined.append(_concat_with_grad_on(self._devices[-1], parts, self._batch_dim))
         return joined
 
-    def _split(self, flat: list[tf.Tensor], training: bool) -> list[list[tf.Tensor]]:
-        """Micro-batch inputs ``[m][leaf]``. Training: M equal parts of a static batch. Inference: M
-        near-equal parts of any batch, even one of unknown size."""
+    def _split(
+        self, flat: list[tf.Tensor], training: bool, m_count: int | None = None, device: str | None = None
+    ) -> list[list[tf.Tensor]]:
+        """Micro-batch inputs ``[m][leaf]``. Training: M equal parts of a static batch (their gradient,
+        a concat, runs on ``device``). Inference: M near-equal parts of any batch, even one of unknown
+        size. ``m_count`` forces M (the head inputs are split like the inputs)."""
         bd = self._batch_dim
         if training:
-            m_count = self.num_micro_batches_for(self._static_batch(flat))
-            parts = [tf.split(t, m_count, axis=bd) for t in flat] if m_count > 1 else [[t] for t in flat]
+            batch = self._static_batch(flat)
+            m_count = m_count or self.num_micro_batches_for(batch)
+            if m_count == 1:
+                return [list(flat)]
+            parts = [_split_with_grad_on(device, t, m_count, bd) for t in flat]
             return [[p[m] for p in parts] for m in range(m_count)]
         size = flat[0].shape[bd]
-        if not self._micro_batch_size:
+        if m_count is None and not self._micro_batch_size:
             m_count = self._num_micro_batches
-        else:
+        elif m_count is None:
             m_count = 1 if size is None else max(1, -(-int(size) // self._micro_batch_size))
         if m_count == 1:
             return [list(flat)]
@@ -403,15 +488,17 @@ class GPipeLayer(BaseLayer):
 class _BackwardState:
     """What the backward passes of one fprop's stages share.
 
-    The tape calls a stage's gradient functions once per micro-batch, m = M-1 down to 0 (the
-    ordering op ``_after`` makes the tape wait): each adds its weight gradients to the stage's running
-    sums and the last one hands the sums to the tape, so one gradient per weight is alive rather than
-    M. Each backward also waits for the previous one of its stage (``wait_for``).
+    The tape calls a stage's gradient functions at most once per micro-batch, m = M-1 down to 0 (the
+    ordering op ``_after`` makes the tape finish micro-batch m + 1 of a stage before m). Each adds its
+    weight gradients to the stage's running sums, so one gradient per weight is alive rather than M,
+    and micro-batch 0's call hands the sums to the tape. Micro-batch 0 is always called when any
+    micro-batch of its stage is: ``_after`` gives its ordering inputs a zero gradient, which chains
+    every micro-batch of a stage to the one before it. So a loss that leaves some micro-batches without
+    a gradient still gets every other micro-batch's weight gradients. Each backward also waits for the
+    previous one of its stage (``wait_for``).
     """
 
-    def __init__(self, num_micro_batches: int) -> None:
-        self._m = num_micro_batches
-        self._calls: dict[int, int] = {}
+    def __init__(self) -> None:
         self._sums: dict[int, dict[Any, Any]] = {}
         self._last: dict[int, list[tf.Tensor]] = {}
 
@@ -419,18 +506,22 @@ class _BackwardState:
         return list(self._last.get(k, []))
 
     def add(
-        self, k: int, variables: list[tf.Variable], var_grads: list[Any], input_grads: list[Any]
+        self,
+        k: int,
+        m: int,
+        variables: list[tf.Variable],
+        var_grads: list[Any],
+        input_grads: list[Any],
     ) -> list[Any]:
         sums = self._sums.setdefault(k, {})
         for v, g in zip(variables, var_grads):
             if g is not None:
                 sums[v.ref()] = g if v.ref() not in sums else _add_grads(sums[v.ref()], g)
-        markers = [_dense_part(g) for g in sums.values()] or [g for g in input_grads if g is not None]
-        calls = self._calls.get(k, 0) + 1
-        if calls < self._m:
-            self._calls[k], self._last[k] = calls, markers
+        if m > 0:
+            markers = [_dense_part(g) for g in sums.values()] or [g for g in input_grads if g is not None]
+            self._last[k] = markers or self._last.get(k, [])
             return [None] * len(variables)
-        self._calls[k], self._sums[k], self._last[k] = 0, {}, []
+        self._sums[k], self._last[k] = {}, []
         return [sums.get(v.ref()) for v in variables]
 
 
@@ -480,7 +571,7 @@ class _StageCall:
                                 dys = [tf.identity(d) for d in dys]
                         grads = _gradients(tape, ys, dys, args + variables)
                     dxs, dvs = grads[: len(args)], grads[len(args) :]
-                    dvs = self._state.add(self._k, variables, dvs, dxs)
+                    dvs = self._state.add(self._k, self._m, variables, dvs, dxs)
                 return (dxs, dvs) if variables else dxs
 
             return ys, grad
@@ -516,8 +607,10 @@ def _gradients(tape: tf.GradientTape, ys: list[tf.Tensor], dys: list[tf.Tensor],
 
 
 def _after(xs: list[tf.Tensor], deps: list[tf.Tensor]) -> list[tf.Tensor]:
-    """``xs``, available only once ``deps`` are. Gradients pass straight through to ``xs``; ``deps`` get
-    none, but the tape still finishes the ops that consume ``xs`` before those producing ``deps``."""
+    """``xs``, available only once ``deps`` are. Gradients pass straight through to ``xs``; the
+    floating ``deps`` get a zero gradient: the tape then finishes the ops that consume ``xs`` before
+    those producing ``deps``, and reaches the producers of ``deps`` whenever it reaches ``xs``'s
+    consumers (``_BackwardState`` relies on both)."""
     n = len(xs)
 
     @tf.custom_gradient
@@ -526,11 +619,57 @@ def _after(xs: list[tf.Tensor], deps: list[tf.Tensor]) -> list[tf.Tensor]:
             out = [tf.identity(a) for a in args[:n]]
 
         def grad(*dys: tf.Tensor) -> list:
-            return list(dys) + [None] * (len(args) - n)
+            return list(dys) + [_zeros_for(d) for d in args[n:]]
 
         return out, grad
 
     return list(after(*xs, *deps))
+
+
+def _zeros_for(t: tf.Tensor) -> tf.Tensor | None:
+    """A zero gradient for ``t`` that does not keep ``t`` alive (None for non-float tensors)."""
+    if not t.dtype.is_floating:
+        return None
+    if t.shape.is_fully_defined():
+        return tf.zeros(t.shape, t.dtype)
+    return tf.zeros_like(t)
+
+
+def _split_with_grad_on(device: str | None, x: tf.Tensor, num: int, axis: int) -> list[tf.Tensor]:
+    """``tf.split(x, num, axis)`` whose gradient (the parts' gradients concatenated) runs on
+    ``device``: the first stage's, not wherever the tape happens to be."""
+
+    @tf.custom_gradient
+    def split(x: tf.Tensor) -> Any:
+        def grad(*dys: Any) -> tf.Tensor:
+            with _on(device), tf.name_scope("split_micro_batches_grad"):
+                parts = tf.split(tf.zeros_like(x), num, axis=axis) if any(d is None for d in dys) else []
+                dense = [tf.convert_to_tensor(d) if d is not None else parts[i] for i, d in enumerate(dys)]
+                return tf.concat(dense, axis=axis)
+
+        return tf.split(x, num, axis=axis), grad
+
+    if not x.dtype.is_floating:
+        return tf.split(x, num, axis=axis)
+    return list(split(x))
+
+
+def _concat_with_grad_on(device: str | None, parts: list[tf.Tensor], axis: int) -> tf.Tensor:
+    """``tf.concat(parts, axis)`` whose gradient (the output gradient split back into micro-batches)
+    runs on ``device``: the last stage's."""
+    if not parts[0].dtype.is_floating:
+        return tf.concat(parts, axis=axis)
+
+    @tf.custom_gradient
+    def concat(*parts: tf.Tensor) -> Any:
+        def grad(dy: Any) -> list[tf.Tensor]:
+            with _on(device), tf.name_scope("join_micro_batches_grad"):
+                sizes = tf.stack([tf.shape(p)[axis] for p in parts])
+                return tf.split(tf.convert_to_tensor(dy), sizes, axis=axis, num=len(parts))
+
+        return tf.concat(parts, axis=axis), grad
+
+    return concat(*parts)
 
 
 def _zero_after(tensors: list[tf.Tensor], deps: list[tf.Tensor]) -> tf.Tensor:

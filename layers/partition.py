@@ -202,7 +202,7 @@ def _trace(layer: BaseLayer, ctx: FPropContext, spec: Any) -> tf.types.experimen
 
 def traced_flops(layers: Sequence[BaseLayer], spec: Any) -> list[int]:
     """Forward FLOPs of each layer, each traced once on the previous layer's output spec (an unknown
-    dimension counts as 1)."""
+    dimension counts as 1; give the micro-batch's shape to count one micro-batch)."""
     ctx = FPropContext(training=True, record_updates=False)
     spec = _with_batch(spec, 1)
     flops = []
@@ -214,7 +214,9 @@ def traced_flops(layers: Sequence[BaseLayer], spec: Any) -> list[int]:
 
 
 def measured_seconds(layers: Sequence[BaseLayer], spec: Any, repeats: int = 5) -> list[float]:
-    """Median wall time of each layer's forward + backward on a random input of ``spec``."""
+    """Median wall time of each layer's forward + backward on a random input of ``spec`` (give the
+    micro-batch's shape: a layer's time is not proportional to its batch size; an unknown dimension
+    counts as 1)."""
     ctx = FPropContext(training=True, record_updates=False)
     spec = _with_batch(spec, 1)
     seconds = []

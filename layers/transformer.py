@@ -389,6 +389,34 @@ class TransformerStack(BaseLayer):
     def _finish(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         return self.final_ln(ctx, x) if self.params.final_ln else x
 
+    @property
+    def is_pipelined(self) -> bool:
+        return self.params.pipeline is not None
+
+    def fprop_with_head(
+        self,
+        ctx: FPropContext,
+        x: tf.Tensor,
+        head: Callable,
+        head_inputs: dict[str, tf.Tensor],
+        paddings: tf.Tensor | None = None,
+        source: tf.Tensor | None = None,
+        source_paddings: tf.Tensor | None = None,
+        segment_ids: tf.Tensor | None = None,
+        source_segment_ids: tf.Tensor | None = None,
+    ) -> dict[str, tf.Tensor]:
+        """A pipelined stack's forward with ``head(ctx, y, head_inputs_m)`` run in its last stage on
+        each micro-batch's (final-normalized) output ``y`` and that micro-batch's ``head_inputs``
+        (targets, paddings): a task's per-example loss, concatenated over micro-batches."""
+        if not self.is_pipelined:
+            raise ConfigError(f"{self.path}: fprop_with_head needs params.pipeline")
+        state = _pipeline_state(x, paddings, segment_ids, source, source_paddings, source_segment_ids)
+
+        def stack_head(ctx: FPropContext, state: dict, inputs: dict) -> dict[str, tf.Tensor]:
+            return head(ctx, self._finish(ctx, state["x"]), inputs)
+
+        return self.pipeline(ctx, state, head=stack_head, head_inputs=head_inputs)
+
     def fprop(
         self,
         ctx: FPropContext,
@@ -401,15 +429,7 @@ class TransformerStack(BaseLayer):
     ) -> tf.Tensor:
         """``x [B, T, D]`` with ``paddings [B, T]`` (and a ``source [B, S, D_s]`` for decoders)."""
         if self.params.pipeline is not None:
-            state = {
-                "x": x,
-                "paddings": paddings,
-                "segment_ids": segment_ids,
-                "source": source,
-                "source_paddings": source_paddings,
-                "source_segment_ids": source_segment_ids,
-            }
-            state = {name: value for name, value in state.items() if value is not None}
+            state = _pipeline_state(x, paddings, segment_ids, source, source_paddings, source_segment_ids)
             return self._finish(ctx, self.pipeline(ctx, state)["x"])
         self_mask, source_mask = attention_masks(paddings, segment_ids, source_paddings, source_segment_ids)
         for layer in self.layers:
@@ -444,6 +464,27 @@ class TransformerStack(BaseLayer):
             x, layer_cache = layer.extend_step(ctx, x, cache[i], time_step, kv, source_mask)
             new_cache.append(layer_cache)
         return self._finish(ctx, x), new_cache
+
+
+def _pipeline_state(
+    x: tf.Tensor,
+    paddings: tf.Tensor | None,
+    segment_ids: tf.Tensor | None,
+    source: tf.Tensor | None,
+    source_paddings: tf.Tensor | None,
+    source_segment_ids: tf.Tensor | None,
+) -> dict[str, tf.Tensor]:
+    """The dict of batch-major tensors a pipelined stack's micro-batches carry (the pipeline form
+    of TransformerLayer.fprop)."""
+    state = {
+        "x": x,
+        "paddings": paddings,
+        "segment_ids": segment_ids,
+        "source": source,
+        "source_paddings": source_paddings,
+        "source_segment_ids": source_segment_ids,
+    }
+    return {name: value for name, value in state.items() if value is not None}
 
 
 def stack_params(

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import SequentialLayer, SoftmaxLayer
+from layers.gpipe import GPipeLayer
 from params.errors import UserError
 from params.hyperparams import InstantiableParams
 from tasks import base_task
@@ -27,6 +28,11 @@ class ImageClassifierTask(base_task.BaseTask):
 
     ``body`` maps images to feature vectors ``[batch, softmax.input_dim]``; ``softmax`` gives the logits.
     An optional ``batch['weight']`` (0 for padding examples) weights every metric and decode record.
+
+    When the body is a GPipeLayer (or a SequentialLayer ending in one), ``fprop`` computes the softmax
+    and the per-example loss in the pipeline's last stage, one micro-batch at a time (the labels and
+    weights travel with the micro-batches), and sums them over micro-batches: the metrics equal the
+    unpipelined ones, and the full batch's logits never exist at once.
     """
 
     @classmethod
@@ -45,13 +51,50 @@ class ImageClassifierTask(base_task.BaseTask):
 
     def compute_predictions(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """``{'features': body output, 'logits': [batch, num_classes]}``."""
+        features = self.body(ctx, self._images(batch))
+        return {"features": features, "logits": self.softmax.logits(ctx, features)}
+
+    def _pipelined_body(self) -> tuple[list[BaseLayer], GPipeLayer] | None:
+        """(the layers before the pipeline, the pipeline) when the body ends in a GPipeLayer."""
+        if isinstance(self.body, GPipeLayer):
+            return [], self.body
+        if isinstance(self.body, SequentialLayer):
+            layers = self.body.sub_layers()
+            if layers and isinstance(layers[-1], GPipeLayer):
+                return layers[:-1], layers[-1]
+        return None
+
+    def fprop(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> base_task.Metrics:
+        pipelined = self._pipelined_body()
+        if pipelined is None:
+            return super().fprop(ctx, batch)
+        before, pipeline = pipelined
+        images = self._images(batch)
+        labels = tf.cast(_get(batch, "label"), tf.int32)
+        weights = self._weights(batch, labels)
+        for layer in before:
+            images = layer(ctx, images)
+
+        def head(ctx: FPropContext, features: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
+            out = self.softmax.fprop(ctx, features, targets["label"], targets["weight"])
+            predicted = tf.argmax(out["logits"], axis=-1, output_type=tf.int32)
+            correct = tf.cast(tf.equal(predicted, targets["label"]), tf.float32)
+            w = targets["weight"]
+            return {"xent": out["per_example_xent"] * w, "correct": correct * w, "weight": w}
+
+        sums = pipeline(ctx, images, head=head, head_inputs={"label": labels, "weight": weights})
+        total = tf.reduce_sum(sums["weight"])
+        loss = tf.math.divide_no_nan(tf.reduce_sum(sums["xent"]), total)
+        accuracy = tf.math.divide_no_nan(tf.reduce_sum(sums["correct"]), total)
+        return {"loss": (loss, total), "accuracy": (accuracy, total)}
+
+    def _images(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         images = _get(batch, "image")
         if images.shape.rank is not None and images.shape.rank != 4:
             raise UserError(
                 f"image task: batch['image'] must be [batch, height, width, channels], got {images.shape}"
             )
-        features = self.body(ctx, images)
-        return {"features": features, "logits": self.softmax.logits(ctx, features)}
+        return images
 
     def _weights(self, batch: dict[str, tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
         if "weight" in batch:

@@ -21,7 +21,7 @@ from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 from tasks.base_task import AverageMetric, BaseTask, DecoderMetric, Metrics, decode_params
 from tasks.lm import vocabulary
-from tasks.lm.metrics import token_metrics
+from tasks.lm.metrics import metrics_from_sums, token_metrics, token_sums
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
 
@@ -77,6 +77,28 @@ class TransformerLmTask(BaseTask):
         x = self.emb(ctx, batch["ids"], batch.get("segment_pos"))
         y = self.stack(ctx, x, paddings=batch["paddings"], segment_ids=batch.get("segment_ids"))
         return {"logits": self.logits(ctx, y)}
+
+    def fprop(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> Metrics:
+        """The batch's metrics. With a pipelined stack the logits and per-token loss are computed in
+        its last stage, one micro-batch at a time (labels, paddings and label entropies travel with
+        the micro-batches), and summed over micro-batches: the same metrics, without the full
+        batch's ``[batch, length, vocab]`` logits and their gradient alive at once."""
+        if not self.stack.is_pipelined:
+            return super().fprop(ctx, batch)
+        x = self.emb(ctx, batch["ids"], batch.get("segment_pos"))
+        targets = {"labels": batch["labels"], "paddings": batch["paddings"]}
+        if "label_entropy" in batch:
+            targets["label_entropy"] = batch["label_entropy"]
+        smoothing = self.params.label_smoothing
+
+        def head(ctx: FPropContext, y: tf.Tensor, t: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            logits = self.logits(ctx, y)
+            return token_sums(logits, t["labels"], t["paddings"], smoothing, t.get("label_entropy"))
+
+        sums = self.stack.fprop_with_head(
+            ctx, x, head, targets, paddings=batch["paddings"], segment_ids=batch.get("segment_ids")
+        )
+        return metrics_from_sums(sums)
 
     def compute_loss(self, ctx: FPropContext, predictions: Any, batch: dict[str, tf.Tensor]) -> Metrics:
         metrics, weights = token_metrics(

@@ -17,7 +17,7 @@ from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 from tasks.base_task import AverageMetric, BaseTask, DecoderMetric, Metrics, decode_params
 from tasks.lm import vocabulary
-from tasks.lm.metrics import token_metrics
+from tasks.lm.metrics import metrics_from_sums, token_metrics, token_sums
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from tasks.mt.metrics import CorpusBleuMetric
 
@@ -103,6 +103,32 @@ class TransformerMtTask(BaseTask):
             source_segment_ids=batch.get("src_segment_ids"),
         )
         return {"logits": self.logits(ctx, y)}
+
+    def fprop(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> Metrics:
+        """The batch's metrics. With a pipelined decoder the logits and per-token loss are computed in
+        its last stage, one micro-batch at a time (target labels and paddings travel with the
+        micro-batches, like the encoder output), and summed over micro-batches."""
+        if not self.decoder.is_pipelined:
+            return super().fprop(ctx, batch)
+        source = self.encode(ctx, batch)
+        y = self._target_embedding()(ctx, batch["tgt_ids"], batch.get("tgt_segment_pos"))
+        smoothing = self.params.label_smoothing
+
+        def head(ctx: FPropContext, y: tf.Tensor, t: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            return token_sums(self.logits(ctx, y), t["labels"], t["paddings"], smoothing)
+
+        sums = self.decoder.fprop_with_head(
+            ctx,
+            y,
+            head,
+            {"labels": batch["tgt_labels"], "paddings": batch["tgt_paddings"]},
+            paddings=batch["tgt_paddings"],
+            source=source,
+            source_paddings=batch["src_paddings"],
+            segment_ids=batch.get("tgt_segment_ids"),
+            source_segment_ids=batch.get("src_segment_ids"),
+        )
+        return metrics_from_sums(sums)
 
     def compute_loss(self, ctx: FPropContext, predictions: Any, batch: dict[str, tf.Tensor]) -> Metrics:
         metrics, _ = token_metrics(

@@ -109,3 +109,14 @@ def test_input_without_batch_dimension():
     pipe = _build(batch_dim=2)
     with pytest.raises(ConfigError, match=r"input 0 has shape \(8, 3\), which has no batch_dim=2"):
         pipe(TRAIN, tf.zeros([8, 3]))
+
+
+def test_head_inputs_must_match_the_batch_and_need_a_head():
+    pipe = _build(num_stages=2, num_micro_batches=2)
+    mismatch = r"net: the head inputs' batch size 6 differs from the inputs' 8"
+    with pytest.raises(ConfigError, match=mismatch) as e:
+        pipe(TRAIN, tf.zeros([8, 3]), head=lambda ctx, y, t: y, head_inputs={"label": tf.zeros([6])})
+    _assert_one_line(e)
+    with pytest.raises(ConfigError, match=r"net: head_inputs given without a head") as e:
+        pipe(TRAIN, tf.zeros([8, 3]), head_inputs={"label": tf.zeros([8])})
+    _assert_one_line(e)

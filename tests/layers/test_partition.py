@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layers import core, gpipe, partition
+from layers.base_layer import BaseLayer
 from params.errors import ConfigError
 
 
@@ -162,3 +163,50 @@ def test_report_lists_costs_and_balance():
     assert "partition_method=flops" in report
     assert "0 fc0" in report and "1-3 fc1,fc2,fc3" in report
     assert "flops: slowest stage / mean stage = " in report
+
+
+class _ShapeRecorder(BaseLayer):
+    """A projection whose batch sizes a test can record (by patching fprop)."""
+
+    def __init__(self, params, parent=None):
+        super().__init__(params, parent)
+        self.create_child("fc", _projection("fc", 8, 8))
+
+    def fprop(self, ctx, x):
+        return self.fc(ctx, x)
+
+
+def _recorders():
+    return [_ShapeRecorder.Params().set(name=f"r{i}") for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "settings, micro",
+    [
+        ({"input_shape": [32, 8], "num_micro_batches": 4}, 8),
+        ({"input_shape": [None, 8], "micro_batch_size": 2}, 2),
+    ],
+)
+def test_measured_partitioning_times_each_layer_at_the_micro_batch_size(settings, micro, monkeypatch):
+    pipe = gpipe.GPipeLayer.Params().set(
+        name="net", layers=_recorders(), num_stages=2, partition_method="measured", **settings
+    )
+    # The estimate runs on throw-away copies of the layers: record on the class to see them.
+    seen = []
+    original = _ShapeRecorder.fprop
+
+    def recording(self, ctx, x):
+        seen.append(x.shape[0])
+        return original(self, ctx, x)
+
+    monkeypatch.setattr(_ShapeRecorder, "fprop", recording)
+    pipe.instantiate()
+    assert seen and set(seen) == {micro}
+
+
+def test_measured_partitioning_needs_the_micro_batch_size():
+    p = gpipe.GPipeLayer.Params().set(
+        name="net", layers=_recorders(), num_stages=2, partition_method="measured", input_shape=[None, 8]
+    )
+    with pytest.raises(ConfigError, match=r"measured' times each layer at the micro-batch size"):
+        p.instantiate()

@@ -1,32 +1,39 @@
 """GPipe figures as JSON lines: ``python -m tools.benchmark gpipe [--quick] [--figures=a,b]``.
 
-A stack of balanced, compute-bound dense layers is trained with plain SGD at a fixed global batch.
-Each side of a ratio runs in its own subprocess (``python -m tools.benchmarks.gpipe --worker=JSON``),
-which pins its CPUs and sets its thread counts, allocator and logical devices before TensorFlow
-starts. The sides of a figure are started together, warmed up, then step in alternating rounds, so
-both see the same machine load; the best step of each side counts (load only ever adds time).
+The speed figures train a stack of balanced, compute-bound dense layers with plain SGD at a fixed
+global batch. Each side of a ratio runs in its own subprocess (``python -m tools.benchmarks.gpipe
+--worker=JSON``), which pins its CPUs and sets its thread counts, allocator and logical devices before
+TensorFlow starts. The sides of a figure are started together, warmed up, then step in alternating
+rounds, so all see the same machine load; the best step of each side counts (load only adds time).
+"Plain" is the stack without a GPipe layer and without re-materialization.
 
-- speedup: the layers unpipelined (K=1, M=1) on one core (affinity + 1 intra-op thread) over the
-  pipeline (K=2 stages on 2 logical devices, M=8) on two cores (1 intra-op thread per op, 2 inter-op
-  threads), same remat policy. Theory 2M/(M+K-1) = 1.78. Also, for information, the ratio against an
-  unconfined one-device baseline (TF's pools let one device use more than a core).
-- bubble: idle fraction of the K=2 pipeline for each M: 1 - T1(M) / (K * T2(M)), with T1(M) the same
-  micro-batched work on one core (the stages' total busy time) and T2(M) the pipeline's step; theory
-  (K-1)/(M+K-1), which assumes a stage never uses more than its own core.
-- overhead: the GPipe layer with K=1, M=1, no remat over the plain sequential stack (one core).
-- memory: peak allocator bytes of the K=2, M=8, remat=always training step over those of the same
-  layers trained unpipelined without remat (BFC allocator; logical CPU devices share it, so this is the
-  process peak), sized so activations outweigh the weights. The targets travel with the micro-batches
-  and a per-example squared error is the last layer, so the loss runs inside the last stage, one
-  micro-batch at a time (as pipeline schedules that take a loss function do); the unpipelined side
-  runs the same layers on the whole batch. For information, ``live_tensor_ratio`` compares the peaks
-  of the tensors' own bytes in another, traced step (``tools/memory_trace.py``; ``*_traced_peak_bytes``
-  is the allocator's peak in that step): the allocator's peak also counts the unused part of chunks
-  it did not split. The two steps need not peak alike: the two devices' ops interleave differently.
-- memory_loss_outside: the same, with the loss computed after the pipeline on its concatenated
-  output (what the speed figures do): the full batch's output, loss temporaries and gradient add to
-  the pipeline's peak.
-- remat_memory, remat_time: remat=always over remat=never at K=2, M=8.
+- speedup (remat never and always): the plain stack on one core (affinity + 1 intra-op thread) over
+  the K=2, M=8 pipeline with one core per device (2 cores, 1 intra-op thread per op, 2 inter-op
+  threads). Theory 2M/(M+K-1) = 1.78 for never; always recomputes each forward (4 units of work
+  against 3), so 1.78 * 3/4 = 1.33.
+- op_parallel_control: the plain stack on one core over the plain stack with the pipeline's thread
+  settings on its two cores: how much of the speedup TensorFlow gets without any pipelining
+  (independent ops, e.g. a layer's input and weight gradients, run on both cores).
+- vs_same_cores: the plain stack given both of the pipeline's cores (TensorFlow's default threads)
+  over the pipeline, for information: on a shared-memory CPU host, whether pipelining pays at all.
+- remat_time: the K=2, M=8 pipeline's step, remat always over never.
+- overhead: the layer's own machinery on paths it takes: K=1, M=1, remat=always over the plain stack
+  wrapped in TensorFlow's ``tf.recompute_grad``; K=1, M=4, remat=never over the plain stack run on 4
+  micro-batches, one gradient tape each, gradients summed (one core each).
+- scaling: K in {2, 4, 8} at M = 4K, one core per stage, as per-device efficiency: the speedup over
+  the plain stack on one core divided by its theory KM/(M+K-1). A K needs K cores (else a
+  ``skipped`` line); K=2 reuses the speedup run's sides (M=8).
+- memory: a task's real pipelined training step: ``lm.synthetic.GPipeTransformerLM`` (K=2, M=8,
+  remat always, the loss in the last stage) through the trainer's ``TrainStep`` (its while loop, op
+  determinism on), over the same task with ``stack.pipeline = None`` through the same step function.
+  Sizes: 8 layers of width 128, FFN 512, 4 heads, sequences of 128 tokens, batch 64, so activations
+  outweigh the weights (reported). The figure is the BFC allocator's peak (logical CPU devices share
+  it, so this is the process peak); ``live_tensor_ratio`` compares the tensors' own peaks in another,
+  traced step (``tools/memory_trace.py``).
+- remat_memory: the same task pipelined, remat always over never.
+- bubble (not in the default set): idle fraction of the K=2 pipeline for each M: 1 - T1(M) /
+  (K * T2(M)), with T1(M) the same micro-batched work on one core and T2(M) the pipeline's step;
+  theory (K-1)/(M+K-1), which assumes a stage never uses more than its own core.
 """
 
 from __future__ import annotations
@@ -43,8 +50,11 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ("speedup", "bubble", "overhead", "memory", "memory_loss_outside", "remat_memory", "remat_time")
+SPEED_FIGURES = ("speedup", "op_parallel_control", "vs_same_cores", "remat_time")
+FIGURES = (*SPEED_FIGURES, "overhead", "scaling", "memory", "remat_memory", "bubble")
+DEFAULT_FIGURES = tuple(f for f in FIGURES if f != "bubble")
 BUBBLE_MICRO_BATCHES = (1, 2, 4, 8, 16)
+SCALING_STAGES = (2, 4, 8)
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -56,43 +66,21 @@ def _dense_params(name: str, width: int, activation: str) -> Any:
     )
 
 
-def _squared_error_params() -> Any:
-    from layers.base_layer import BaseLayer  # here: the worker sets up TensorFlow's process first
-
-    class SquaredErrorLayer(BaseLayer):
-        """Per-example squared error of a {'x', 'target'} state, averaged over the features."""
-
-        def fprop(self, ctx: Any, state: dict) -> Any:
-            import tensorflow as tf
-
-            return tf.reduce_mean(tf.square(state["x"] - state["target"]), axis=-1)
-
-    return SquaredErrorLayer.Params()
-
-
 def _model(spec: dict) -> Any:
-    """The dense stack, plain or as a GPipeLayer; with ``loss_in_pipeline`` each layer works on the
-    'x' entry of a {'x', 'target'} state and a per-example squared error follows the last one."""
-    from layers import core, gpipe, partition
+    """The dense stack: plain (also for plain_recompute and plain_micro) or as a GPipeLayer."""
+    from layers import core, gpipe
 
-    depth, stages = spec["depth"], spec["stages"]
-    layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(depth)]
-    if spec.get("loss_in_pipeline"):
-        layers = [core.OnKeyLayer.Params().set(name=lp.name, body=lp) for lp in layers]
-        layers.append(_squared_error_params().set(name="loss"))
-    if spec["model"] == "plain":
+    layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(spec["depth"])]
+    if spec["model"] != "gpipe":
         return core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
     p = gpipe.GPipeLayer.Params().set(
-        name="net",
-        layers=layers,
-        split_points=partition.uniform_bounds(depth, stages)[1:-1],  # the loss joins the last stage
-        num_micro_batches=spec["micro_batches"],
+        name="net", layers=layers, num_stages=spec["stages"], num_micro_batches=spec["micro_batches"]
     )
     return p.set(remat=spec["remat"]).instantiate()
 
 
-def _setup(spec: dict) -> Any:
-    """Process settings, then TensorFlow, then the model's compiled training step."""
+def _configure(spec: dict) -> Any:
+    """Process settings before TensorFlow starts: CPUs, allocator, threads, logical devices."""
     if spec.get("cpus"):
         os.sched_setaffinity(0, set(spec["cpus"]))
     if spec["measure"] == "memory":
@@ -100,33 +88,88 @@ def _setup(spec: dict) -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from layers.base_layer import FPropContext
-
     tf.config.threading.set_intra_op_parallelism_threads(spec.get("intra_op_threads", 0))
     tf.config.threading.set_inter_op_parallelism_threads(spec.get("inter_op_threads", 0))
     devices = spec.get("logical_devices", 1)
     if devices > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+    return tf
+
+
+def _dense_step(spec: dict) -> tuple[Any, Any]:
+    """The dense stack's compiled training step (squared error, SGD)."""
+    tf = _configure(spec)
+    from layers.base_layer import FPropContext
+
     model = _model(spec)
     shape = [spec["batch"], spec["width"]]
     x = tf.random.stateless_normal(shape, [1, 2])
     target = tf.random.stateless_normal(shape, [3, 4])
     variables = model.trainable_variables
+    kind = spec["model"]
+
+    def loss_of(y: Any, t: Any) -> Any:
+        return tf.reduce_mean(tf.square(y - t))
 
     @tf.function
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
-        with tf.GradientTape() as tape:
-            if spec.get("loss_in_pipeline"):
-                loss = tf.reduce_mean(model(ctx, {"x": x, "target": target}))
-            else:
-                loss = tf.reduce_mean(tf.square(model(ctx, x) - target))
-        for v, g in zip(variables, tape.gradient(loss, variables)):
+        if kind == "plain_micro":
+            # Gradient accumulation by hand: one tape per micro-batch, gradients summed.
+            m = spec["micro_batches"]
+            grads, loss = None, 0.0
+            for i, (xm, tm) in enumerate(zip(tf.split(x, m), tf.split(target, m))):
+                with tf.GradientTape() as tape:
+                    part = loss_of(model(ctx.for_micro_batch(i), xm), tm) / m
+                g = tape.gradient(part, variables)
+                grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+                loss += part
+        else:
+            with tf.GradientTape() as tape:
+                if kind == "plain_recompute":
+                    y = tf.recompute_grad(lambda x: model(ctx, x))(x)
+                else:
+                    y = model(ctx, x)
+                loss = loss_of(y, target)
+            grads = tape.gradient(loss, variables)
+        for v, g in zip(variables, grads):
             v.assign_sub(0.01 * g)
         return loss
 
     return step, variables
+
+
+def _task_step(spec: dict) -> tuple[Any, Any]:
+    """The LM task's training step as the trainer compiles it (TrainStep: a while loop of steps,
+    op determinism on, like ``trainer.cluster.configure``)."""
+    tf = _configure(spec)
+    tf.config.experimental.enable_op_determinism()
+    from tasks.lm.params.synthetic import GPipeTransformerLM
+    from trainer.train_step import TrainStep
+
+    exp = GPipeTransformerLM(
+        num_stages=spec["stages"],
+        num_micro_batches=spec["micro_batches"],
+        remat=spec["remat"],
+        num_layers=spec["depth"],
+        model_dim=spec["width"],
+        hidden_dim=4 * spec["width"],
+        seq_length=spec["seq_length"],
+        batch_size=spec["batch"],
+        num_train_sequences=2 * spec["batch"],
+        num_eval_sequences=spec["batch"],
+    )
+    task = exp.task()
+    if spec["model"] == "task_plain":
+        task.stack.pipeline = None
+    train_step = TrainStep(task, exp.train())
+
+    def step() -> Any:
+        finite, _ = train_step.run(1)
+        return finite
+
+    return step, train_step.task.trainable_variables
 
 
 def _timed(step: Any) -> float:
@@ -138,7 +181,7 @@ def _timed(step: Any) -> float:
 def run_worker(spec: dict) -> int:
     """The worker: builds the step, then answers ``step`` lines on stdin with one JSON line each
     (``memory`` specs print their peak once and exit)."""
-    step, variables = _setup(spec)
+    step, variables = (_task_step if spec["model"].startswith("task") else _dense_step)(spec)
     first = _timed(step)
     for _ in range(spec["warmup"]):
         step().numpy()
@@ -159,6 +202,7 @@ def run_worker(spec: dict) -> int:
                     "weight_bytes": int(weights),
                     "live_peak_bytes": traced["live_peak_bytes"],
                     "traced_peak_bytes": traced["chunk_peak_bytes"],
+                    "first_step_s": first,
                 }
             ),
             flush=True,
@@ -238,17 +282,22 @@ def _memory(spec: dict, verbose: bool) -> dict:
         worker.close()
 
 
-def _emit(name: str, value: float, **details: Any) -> None:
+def _emit(name: str, value: float | None, **details: Any) -> None:
     # The 1-minute load average says how busy the machine was (2 cores: above ~2.5, trust nothing).
     load = round(os.getloadavg()[0], 2)
-    print(json.dumps({"name": name, "value": round(value, 4), **details, "loadavg_1m": load}), flush=True)
+    value = None if value is None else round(value, 4)
+    print(json.dumps({"name": name, "value": value, **details, "loadavg_1m": load}), flush=True)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tools.benchmark gpipe", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--figures", default=",".join(FIGURES), help=f"Comma-separated subset of {FIGURES}.")
+    parser.add_argument(
+        "--figures",
+        default=",".join(DEFAULT_FIGURES),
+        help=f"Comma-separated subset of {FIGURES} (default: all but bubble).",
+    )
     parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps (a smoke test).")
     parser.add_argument("--width", type=int, default=1024, help="Width of each dense layer (speed figures).")
     parser.add_argument("--depth", type=int, default=16, help="Number of dense layers.")
@@ -260,20 +309,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "oneDNN matmuls efficient (at 256 rows they lose ~15%%, which the speedup would pay for).",
     )
     parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
-    parser.add_argument("--memory_width", type=int, default=128, help="Layer width of the memory figures.")
-    parser.add_argument("--memory_batch", type=int, default=8192, help="Global batch of the memory figures.")
-    parser.add_argument(
-        "--memory_activation", default="relu", help="Activation of the memory figures' layers."
-    )
-    parser.add_argument("--remat", default="always", help="Remat policy of the speedup and bubble figures.")
+    parser.add_argument("--memory_width", type=int, default=128, help="Model width of the memory task.")
+    parser.add_argument("--memory_layers", type=int, default=8, help="Transformer layers of the memory task.")
+    parser.add_argument("--memory_seq_length", type=int, default=128, help="Sequence length, memory task.")
+    parser.add_argument("--memory_batch", type=int, default=64, help="Global batch of the memory task.")
     parser.add_argument("--steps", type=int, default=4, help="Alternating rounds: timed steps per side.")
     parser.add_argument("--warmup", type=int, default=1, help="Untimed steps after the first.")
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.width, args.depth, args.batch = 64, 4, 32
-        args.memory_width, args.memory_batch = 32, 2048
+        args.width, args.depth, args.batch = 64, 8, 64
+        args.memory_width, args.memory_layers, args.memory_seq_length, args.memory_batch = 16, 2, 16, 16
         args.steps, args.warmup = 2, 1
     return args
 
@@ -281,72 +328,133 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]) -> None:
     k, m = 2, 8
     base = {
-        "model": "gpipe", "width": args.width, "depth": args.depth, "batch": args.batch,
-        "activation": args.activation, "stages": 1, "micro_batches": 1, "remat": args.remat,
+        "model": "plain", "width": args.width, "depth": args.depth, "batch": args.batch,
+        "activation": args.activation, "stages": 1, "micro_batches": 1, "remat": "never",
         "measure": "time", "warmup": args.warmup,
     }  # fmt: skip
     one_core = {**base, "cpus": cpus[:1], "intra_op_threads": 1, "inter_op_threads": 1}
     two_cores = {**base, "cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2}
-    pipeline = {**two_cores, "stages": k, "logical_devices": k}
+    pipeline = {**two_cores, "model": "gpipe", "stages": k, "logical_devices": k, "micro_batches": m}
     sizes = {
-        "width": args.width,
-        "depth": args.depth,
-        "global_batch": args.batch,
-        "activation": args.activation,
-    }
+        "width": args.width, "depth": args.depth, "global_batch": args.batch, "activation": args.activation,
+    }  # fmt: skip
 
     def measure(**specs: dict) -> dict[str, dict]:
         return _interleaved(specs, args.steps, args.verbose)
 
-    if "speedup" in figures:
+    def best(t: dict, name: str) -> float:
+        return t[name]["best"]
+
+    theory_never = 2 * m / (m + k - 1)
+    if set(SPEED_FIGURES + ("scaling",)) & set(figures):
         t = measure(
-            baseline=one_core, pipeline={**pipeline, "micro_batches": m}, unconfined={**base, "cpus": cpus}
+            plain_one_core=one_core,
+            pipeline_never=pipeline,
+            pipeline_always={**pipeline, "remat": "always"},
+            control=two_cores,
+            same_cores={**base, "cpus": cpus[:2]},
         )
-        base_s, pipe_s, free_s = t["baseline"]["best"], t["pipeline"]["best"], t["unconfined"]["best"]
-        _emit(
-            "speedup", base_s / pipe_s, theory=round(2 * m / (m + k - 1), 4), target=1.6,
-            baseline_step_s=base_s, pipeline_step_s=pipe_s, stages=k, micro_batches=m, remat=args.remat,
-            vs_unconfined_baseline=round(free_s / pipe_s, 4), unconfined_baseline_step_s=free_s,
-            median_ratio=round(t["baseline"]["median"] / t["pipeline"]["median"], 4), **sizes,
-        )  # fmt: skip
+        plain = best(t, "plain_one_core")
+        for remat, theory, target in (("never", theory_never, 1.6), ("always", theory_never * 0.75, 1.25)):
+            pipe = best(t, f"pipeline_{remat}")
+            if "speedup" in figures:
+                _emit(
+                    "speedup", plain / pipe, remat=remat, theory=round(theory, 4), target=target,
+                    plain_one_core_step_s=plain, pipeline_step_s=pipe, stages=k, micro_batches=m,
+                    median_ratio=round(t["plain_one_core"]["median"] / t[f"pipeline_{remat}"]["median"], 4),
+                    **sizes,
+                )  # fmt: skip
+        if "op_parallel_control" in figures:
+            control = best(t, "control")
+            _emit(
+                "op_parallel_control", plain / control, plain_one_core_step_s=plain,
+                control_step_s=control, control_threads="1 intra-op, 2 inter-op on 2 cores",
+                speedup_never_over_control=round(control / best(t, "pipeline_never"), 4), **sizes,
+            )  # fmt: skip
+        if "vs_same_cores" in figures:
+            same = best(t, "same_cores")
+            _emit(
+                "vs_same_cores", same / best(t, "pipeline_never"), remat="never",
+                remat_always_value=round(same / best(t, "pipeline_always"), 4), same_cores_step_s=same,
+                pipeline_never_step_s=best(t, "pipeline_never"),
+                pipeline_always_step_s=best(t, "pipeline_always"), cores=len(cpus[:2]), **sizes,
+            )  # fmt: skip
+        if "remat_time" in figures:
+            always, never = best(t, "pipeline_always"), best(t, "pipeline_never")
+            _emit(
+                "remat_time", always / never, always_step_s=always, never_step_s=never, stages=k,
+                micro_batches=m, **sizes,
+            )  # fmt: skip
+        if "scaling" in figures:
+            _emit_scaling(k, m, plain, best(t, "pipeline_never"), sizes)
+    if "scaling" in figures:
+        for stages in SCALING_STAGES[1:]:
+            micro = 4 * stages
+            if len(cpus) < stages or args.depth < stages:
+                print(
+                    f"gpipe benchmark: scaling K={stages} skipped: it needs {stages} cores and layers, "
+                    f"this process has {len(cpus)} cores and {args.depth} layers",
+                    file=sys.stderr,
+                )
+                _emit("scaling", None, stages=stages, micro_batches=micro, skipped=True, **sizes)
+                continue
+            spec = {
+                **pipeline, "cpus": cpus[:stages], "inter_op_threads": stages, "stages": stages,
+                "logical_devices": stages, "micro_batches": micro,
+            }  # fmt: skip
+            t = measure(plain_one_core=one_core, pipeline=spec)
+            _emit_scaling(stages, micro, best(t, "plain_one_core"), best(t, "pipeline"), sizes)
+    if "overhead" in figures:
+        t = measure(
+            gpipe_remat={**one_core, "model": "gpipe", "remat": "always"},
+            recompute_grad={**one_core, "model": "plain_recompute"},
+            gpipe_micro={**one_core, "model": "gpipe", "micro_batches": 4},
+            plain_micro={**one_core, "model": "plain_micro", "micro_batches": 4},
+        )
+        for side, reference, path in (
+            ("gpipe_remat", "recompute_grad", "K=1, M=1, remat=always against tf.recompute_grad"),
+            ("gpipe_micro", "plain_micro", "K=1, M=4, remat=never against 4 micro-batches, summed grads"),
+        ):
+            layer, plain = best(t, side), best(t, reference)
+            _emit(
+                "overhead", layer / plain, path=path, target=1.05, gpipe_step_s=layer,
+                reference_step_s=plain, **sizes,
+            )  # fmt: skip
     if "bubble" in figures:
         for micro in BUBBLE_MICRO_BATCHES:
             t = measure(
-                one_core={**one_core, "micro_batches": micro}, pipeline={**pipeline, "micro_batches": micro}
+                one_core={**one_core, "model": "gpipe", "micro_batches": micro, "remat": "always"},
+                pipeline={**pipeline, "micro_batches": micro, "remat": "always"},
             )
-            busy, step = t["one_core"]["best"], t["pipeline"]["best"]
+            busy, step = best(t, "one_core"), best(t, "pipeline")
             _emit(
                 "bubble", 1.0 - busy / (k * step), theory=round((k - 1) / (micro + k - 1), 4), stages=k,
-                micro_batches=micro, one_core_step_s=busy, pipeline_step_s=step, remat=args.remat, **sizes,
+                micro_batches=micro, one_core_step_s=busy, pipeline_step_s=step, remat="always", **sizes,
             )  # fmt: skip
-    if "overhead" in figures:
-        t = measure(gpipe={**one_core, "remat": "never"}, plain={**one_core, "model": "plain"})
-        layer, plain = t["gpipe"]["best"], t["plain"]["best"]
-        _emit("overhead", layer / plain, target=1.05, gpipe_step_s=layer, plain_step_s=plain, **sizes)
-    if "remat_time" in figures:
-        t = measure(
-            always={**pipeline, "micro_batches": m, "remat": "always"},
-            never={**pipeline, "micro_batches": m, "remat": "never"},
-        )
-        always, never = t["always"]["best"], t["never"]["best"]
-        _emit(
-            "remat_time", always / never, target=1.35, always_step_s=always, never_step_s=never, stages=k,
-            micro_batches=m, **sizes,
-        )  # fmt: skip
+
+
+def _emit_scaling(stages: int, micro: int, plain: float, pipe: float, sizes: dict) -> None:
+    theory = stages * micro / (micro + stages - 1)
+    _emit(
+        "scaling", plain / pipe / theory, stages=stages, micro_batches=micro, speedup=round(plain / pipe, 4),
+        theory_speedup=round(theory, 4), plain_one_core_step_s=plain, pipeline_step_s=pipe,
+        remat="never", **sizes,
+    )  # fmt: skip
 
 
 def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]) -> None:
     k, m = 2, 8
     spec = {
-        "model": "gpipe", "width": args.memory_width, "depth": args.depth, "batch": args.memory_batch,
-        "activation": args.memory_activation, "stages": k, "micro_batches": m, "measure": "memory",
-        "warmup": args.warmup, "cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2,
-        "logical_devices": k, "remat": "always", "loss_in_pipeline": True,
+        "model": "task", "width": args.memory_width, "depth": args.memory_layers,
+        "seq_length": args.memory_seq_length, "batch": args.memory_batch, "stages": k,
+        "micro_batches": m, "remat": "always", "measure": "memory", "warmup": args.warmup,
+        "cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2, "logical_devices": k,
     }  # fmt: skip
-    plain = {"model": "plain", "stages": 1, "micro_batches": 1, "remat": "never"}
     sizes = {
-        "width": args.memory_width, "depth": args.depth, "global_batch": args.memory_batch,
-        "activation": args.memory_activation, "stages": k, "micro_batches": m,
+        "task": "lm.synthetic.GPipeTransformerLM", "model_dim": args.memory_width,
+        "hidden_dim": 4 * args.memory_width, "num_layers": args.memory_layers,
+        "seq_length": args.memory_seq_length, "global_batch": args.memory_batch, "stages": k,
+        "micro_batches": m,
     }  # fmt: skip
     peaks: dict[str, dict] = {}
 
@@ -365,17 +473,12 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
             weight_bytes=a["weight_bytes"], **details, **sizes,
         )  # fmt: skip
 
-    layer_bytes = args.memory_batch * args.memory_width * 4 * args.depth
     if "memory" in figures:
         emit(
-            "memory", ("pipeline", "plain"), peak("always"), peak("plain", **plain), target=0.35,
-            remat="always", loss="in the last stage", layer_output_bytes=layer_bytes,
-        )  # fmt: skip
-    if "memory_loss_outside" in figures:
-        emit(
-            "memory_loss_outside", ("pipeline", "plain"), peak("always_outside", loss_in_pipeline=False),
-            peak("plain_outside", **plain, loss_in_pipeline=False), remat="always",
-            loss="after the pipeline", layer_output_bytes=layer_bytes,
+            "memory", ("pipeline", "plain"), peak("always"),
+            peak("plain", model="task_plain", stages=1, micro_batches=1, remat="never"), target=0.35,
+            remat="always", loss="in the last stage, per micro-batch (the task's own fprop)",
+            step="trainer.train_step.TrainStep (while loop, op determinism)",
         )  # fmt: skip
     if "remat_memory" in figures:
         emit("remat_memory", ("always", "never"), peak("always"), peak("never", remat="never"))
@@ -399,7 +502,7 @@ def main(argv: list[str]) -> int:
             "gpipe benchmark: warning: fewer than 2 CPUs; the pipeline figures mean nothing", file=sys.stderr
         )
     _speed_figures(args, figures, cpus)
-    if {"memory", "memory_loss_outside", "remat_memory"} & set(figures):
+    if {"memory", "remat_memory"} & set(figures):
         _memory_figures(args, figures, cpus)
     return 0
 

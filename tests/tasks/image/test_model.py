@@ -10,9 +10,16 @@ import tensorflow as tf
 
 from layers.base_layer import FPropContext
 from layers.core import ActivationLayer, BatchNormLayer, Conv2DLayer, FlattenLayer, PoolingLayer
+from layers.gpipe import GPipeLayer
 from params.errors import UserError
 from tasks.image.input import DigitsInput
 from tasks.image.model import ImageClassifierTask
+from tests.tasks.pipelined_loss import (
+    assert_loss_runs_per_micro_batch_in_last_stage,
+    assert_same,
+    copy_weights,
+    metrics_and_grads,
+)
 
 EVAL = FPropContext(training=False)
 
@@ -114,3 +121,62 @@ def test_decode_outputs_and_records(task, batch) -> None:
 def test_a_batch_without_images_is_a_user_error(task, batch) -> None:
     with pytest.raises(UserError, match="the batch has no 'image' \\(it has label\\)"):
         task.fprop(EVAL, {"label": batch["label"]})
+
+
+# ------------------------------------------------------------------------ a pipelined body
+def _body_layers(batch_norm: bool):
+    layers = [Conv2DLayer.Params().set(name="conv", filter_shape=[3, 3, 1, 4])]
+    if batch_norm:
+        layers.append(BatchNormLayer.Params().set(name="bn", dim=4))
+    return layers + [
+        ActivationLayer.Params().set(name="relu", activation="relu"),
+        PoolingLayer.Params().set(name="pool"),
+        FlattenLayer.Params().set(name="flatten"),
+    ]
+
+
+def _image_task(pipeline: dict | None, batch_norm: bool = False) -> ImageClassifierTask:
+    p = ImageClassifierTask.Params()
+    layers = _body_layers(batch_norm)
+    if pipeline is None:
+        p.body.sub = layers
+    else:
+        p.body.sub = [GPipeLayer.Params().set(name="pipeline", layers=layers, split_points=[2], **pipeline)]
+    p.softmax.set(input_dim=4 * 4 * 4, num_classes=10)
+    return p.instantiate()
+
+
+@pytest.mark.parametrize("m, remat", [(4, "always"), (2, "never")])
+def test_pipelined_body_computes_the_loss_per_micro_batch_in_its_last_stage(batch, m, remat) -> None:
+    """Labels and weights travel with the micro-batches; the metrics and gradients are the
+    unpipelined task's, and the cross-entropy runs on the last stage's device, one micro-batch at
+    a time."""
+    weighted = {**batch, "weight": tf.constant([1.0, 0.0, 0.5] * 8)}
+    plain = _image_task(None)
+    piped = _image_task({"num_micro_batches": m, "remat": remat})
+    copy_weights(plain, piped)
+    want = metrics_and_grads(plain, weighted)
+    assert_same(metrics_and_grads(piped, weighted), want, rtol=1e-5, atol=1e-6)
+    assert_loss_runs_per_micro_batch_in_last_stage(piped, weighted, k=2, m=m, rows=24 // m)
+    # Evaluation runs the same head (the pipeline splits any batch) and gives the same metrics.
+    got_eval = piped.fprop(EVAL, weighted)
+    for name, (value, weight) in plain.fprop(EVAL, weighted).items():
+        got = [float(got_eval[name][0]), float(got_eval[name][1])]
+        np.testing.assert_allclose(got, [float(value), float(weight)], rtol=1e-5)
+
+
+def test_pipelined_body_with_batch_norm_equals_the_loss_after_the_pipeline(batch) -> None:
+    """With batch norm, micro-batches are normalized by their own statistics, so the reference is
+    the same pipeline with the loss computed after it (the task's compute_loss)."""
+    piped = _image_task({"num_micro_batches": 4, "remat": "always"}, batch_norm=True)
+
+    def loss_after_pipeline(ctx, b):
+        return piped.compute_loss(ctx, piped.compute_predictions(ctx, b), b)
+
+    got = metrics_and_grads(piped, batch)
+    piped.fprop = loss_after_pipeline  # the instance attribute shadows the task's fprop
+    try:
+        want = metrics_and_grads(piped, batch)
+    finally:
+        del piped.fprop
+    assert_same(got, want, rtol=1e-5, atol=1e-6)

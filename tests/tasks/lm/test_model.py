@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from layers.base_layer import FPropContext
+from layers.gpipe import GPipeLayer
 from params import experiment
 from params.errors import ConfigError
 from tasks.learner import Learner
@@ -14,6 +15,12 @@ from tasks.lm.input import TextLmInput
 from tasks.lm.model import transformer_lm_params
 from tasks.lm.vocabulary import vocab_params
 from tests.tasks.loop import evaluate, train_steps
+from tests.tasks.pipelined_loss import (
+    assert_loss_runs_per_micro_batch_in_last_stage,
+    assert_same,
+    copy_weights,
+    metrics_and_grads,
+)
 
 MODEL = "lm.synthetic.TransformerLM"
 
@@ -103,3 +110,25 @@ def test_transformer_lm_gets_within_10_percent_of_the_entropy_rate():
 
     assert dev["log_pplx"] <= 1.10 * markov.entropy_rate(dev_input.chain()), dev
     assert dev["log_pplx"] <= 1.10 * dev_input.achievable_log_pplx(), dev
+
+
+def test_pipelined_stack_computes_the_loss_per_micro_batch_in_its_last_stage():
+    """Labels, paddings and label entropies travel with the micro-batches; the logits (tied to the
+    embedding, outside the pipeline) and the per-token loss run on the last stage's device one
+    micro-batch at a time, and the metrics and gradients are the unpipelined task's."""
+    root = _root("task.label_smoothing : 0.1")
+    plain = root.task.instantiate()
+    p = root.task.copy()
+    p.stack.pipeline = GPipeLayer.Params().set(num_stages=2, num_micro_batches=4, remat="always")
+    piped = p.instantiate()
+    copy_weights(plain, piped)
+    batch = dict(next(iter(root.input.train.copy().set(batch_size=8).instantiate().dataset())))
+    assert "label_entropy" in batch
+    # Padding of different lengths, so each micro-batch has its own number of real tokens.
+    length = batch["ids"].shape[1]
+    ends = np.array([length, 5, length, 9, 20, 1, length, 12])[:, None]
+    batch["paddings"] = tf.constant((np.arange(length)[None, :] >= ends).astype(np.float32))
+    want = metrics_and_grads(plain, batch)
+    assert_same(metrics_and_grads(piped, batch), want, rtol=2e-5, atol=2e-6)
+    rows = 2 * batch["ids"].shape[1]
+    assert_loss_runs_per_micro_batch_in_last_stage(piped, batch, k=2, m=4, rows=rows)

@@ -7,10 +7,17 @@ import pytest
 import tensorflow as tf
 
 from layers.base_layer import FPropContext
+from layers.gpipe import GPipeLayer
 from params import experiment
 from params.errors import ConfigError
 from tasks.learner import Learner
 from tests.tasks.loop import evaluate, train_steps
+from tests.tasks.pipelined_loss import (
+    assert_loss_runs_per_micro_batch_in_last_stage,
+    assert_same,
+    copy_weights,
+    metrics_and_grads,
+)
 
 MODEL = "mt.algorithmic.ReverseTransformer"
 TINY = (
@@ -120,3 +127,21 @@ def test_reverse_transformer_reaches_bleu_90_on_test():
     train_steps(task, Learner(root.task.train), batches, root.task.train.max_steps)
     _, _, metrics = _decode(task, root.input.test.instantiate().dataset())
     assert metrics["bleu"] >= 90.0 and metrics["exact_match"] >= 0.8, metrics
+
+
+def test_pipelined_decoder_computes_the_loss_per_micro_batch_in_its_last_stage():
+    """Target labels and paddings travel with the decoder's micro-batches (the encoder output
+    already does); the per-token loss runs on its last stage's device, one micro-batch at a time,
+    and the metrics and gradients are the unpipelined task's."""
+    root = _root("task.label_smoothing : 0.1")
+    plain = root.task.instantiate()
+    p = root.task.copy()
+    p.decoder.pipeline = GPipeLayer.Params().set(num_stages=2, num_micro_batches=2, remat="never")
+    piped = p.instantiate()
+    copy_weights(plain, piped)
+    batch = next(iter(root.input.dev.copy().set(batch_size=8).instantiate().dataset()))
+    assert float(tf.reduce_sum(batch["tgt_paddings"])) > 0
+    want = metrics_and_grads(plain, batch)
+    assert_same(metrics_and_grads(piped, batch), want, rtol=2e-5, atol=2e-6)
+    rows = 4 * batch["tgt_ids"].shape[1]
+    assert_loss_runs_per_micro_batch_in_last_stage(piped, batch, k=2, m=2, rows=rows)
