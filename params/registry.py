@@ -17,6 +17,9 @@ import gin
 from params.errors import ConfigError
 
 EXPERIMENTS_PACKAGE = "tasks"
+# Packages whose classes a ``type/module/Name`` value may name (with the packages of registered
+# experiments): configuration is data, so a value never imports a module the project does not know.
+TRUSTED_PACKAGES = ("params", "layers", "tasks")
 
 _REGISTRY: dict[str, type] = {}  # the project's one piece of module-level mutable state
 
@@ -99,6 +102,44 @@ def _import_by_path(key: str) -> type | None:
         return None
     cls = getattr(module, attr, None)
     return cls if isinstance(cls, type) else None
+
+
+def is_known_module(module_name: str) -> bool:
+    """Whether a ``type/`` value may import ``module_name``: a module of the project's packages or of a
+    registered experiment's package, never a ``__main__`` or other dunder module. Checked before any
+    import, so a rejected value runs no import-time code."""
+    parts = module_name.split(".")
+    if not all(part.isidentifier() and not part.startswith("__") for part in parts):
+        return False
+    packages = set(TRUSTED_PACKAGES) | {cls.__module__.split(".")[0] for cls in _REGISTRY.values()}
+    return parts[0] in packages
+
+
+def import_known(module_name: str, attr_path: str) -> object:
+    """``module_name.attr_path`` for a known module (see ``is_known_module``); also builtin classes
+    such as ``builtins.dict``. Raises ValueError for anything else, before importing it."""
+    attrs = attr_path.split(".")
+    if not attr_path or not all(a.isidentifier() and not a.startswith("_") for a in attrs):
+        raise ValueError(f"{attr_path!r} is not a public name")
+    if module_name == "builtins":
+        import builtins
+
+        obj = getattr(builtins, attr_path, None)
+        if len(attrs) == 1 and isinstance(obj, type):
+            return obj
+        raise ValueError(f"builtins.{attr_path} is not a builtin class")
+    if not is_known_module(module_name):
+        raise ValueError(
+            f"module {module_name!r} is not part of this project (only {', '.join(TRUSTED_PACKAGES)} "
+            "and the packages of registered experiments may be named); it was not imported"
+        )
+    try:
+        obj = importlib.import_module(module_name)
+        for attr in attrs:
+            obj = getattr(obj, attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot import {module_name}.{attr_path} ({e})") from None
+    return obj
 
 
 def doc_line(cls: type) -> str:
