@@ -164,7 +164,7 @@ def task_params_for(root: Params, dataset: str) -> Params:
         )
     for key, value in task_overrides.items():
         if not isinstance(key, str):
-            shown = clip(repr(key), 40)
+            shown = repr(key) if len(repr(key)) <= 40 else repr(key)[:40] + "..."
             raise ConfigError(f"{where}: key {shown} is a {type(key).__name__}, not a 'dotted.key' string")
         try:
             current = task.get(key)
