@@ -69,6 +69,7 @@ class TrainLoop:
             raise UserError(f"cannot create {self.train_dir}: {files.reason(e)}") from None
         self._lock.acquire()
         try:
+            checkpointer_lib.check_state(self.train_dir)  # before anything is written
             checkpointer_lib.remove_orphan_temps(self.train_dir, self._log)  # only with the LOCK held
             self._setup()
         except BaseException:
