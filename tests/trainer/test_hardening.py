@@ -164,7 +164,7 @@ def _mount_tmpfs(path, size: str) -> bool:
 @pytest.mark.slow
 def test_full_disk_keeps_the_last_checkpoint_and_the_rerun_works(tmp_path, data_dir):
     disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "4m"):
+    if not _mount_tmpfs(disk, "16m"):
         pytest.skip("cannot mount a tmpfs here (needs CAP_SYS_ADMIN)")
     try:
         logdir = disk / "run"
