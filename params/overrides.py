@@ -181,11 +181,8 @@ def _checked_binding(statement: config_parser.BindingStatement, source: str) -> 
             f"{source}: gin: {name} = {clip(reference.text, 60)}: references run code; only literal "
             "values are allowed (--gin_allow_code trusts gin files as code)"
         )
-    try:
-        parameters = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        parameters = {}
-    knobs = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    parameters = _knobs(cls)
+    knobs = list(parameters)
     if statement.arg_name not in knobs:
         raise ConfigError(
             f"{source}: gin: {cls.__name__} has no knob {clip(statement.arg_name, 60)}; its knobs: "
@@ -198,6 +195,24 @@ def _checked_binding(statement: config_parser.BindingStatement, source: str) -> 
     except ConfigError as e:
         raise ConfigError(f"{source}: gin: {e}") from None
     return f"{key}.{statement.arg_name}", value
+
+
+def _knobs(cls: type) -> dict[str, inspect.Parameter]:
+    """The constructor arguments of ``cls``, following ``**kwargs`` into its bases' constructors."""
+    knobs: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass) or klass is object:
+            continue
+        try:
+            parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            break
+        for p in parameters:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                knobs.setdefault(p.name, p)
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return knobs
 
 
 def _experiment_for(selector: str, source: str) -> tuple[str, type]:

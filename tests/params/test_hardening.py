@@ -167,3 +167,13 @@ def test_gin_allow_code_is_the_explicit_opt_in(tmp_path):
     # With the opt-in, gin is the code it always was: its own parser and registry apply.
     root = experiment.resolve(MODEL, gin_bindings=["TinyExp.width = 6"], gin_allow_code=True)
     assert root.task.width == 6
+
+
+def test_gin_knobs_follow_kwargs_into_the_base_experiment():
+    bindings = ["GPipeTransformerLM.num_stages = 2", "GPipeTransformerLM.num_train_sequences = 64"]
+    root = experiment.resolve("lm.synthetic.GPipeTransformerLM", gin_bindings=bindings)
+    assert root.input.train.num_sequences == 64
+    with pytest.raises(ConfigError, match="expected an int"):
+        experiment.resolve(
+            "lm.synthetic.GPipeTransformerLM", gin_bindings=["TransformerLM.model_dim = 'wide'"]
+        )
