@@ -20,6 +20,7 @@ from tests.params import test_fuzz
 from tests.trainer import runner
 
 EXAMPLES = int(os.environ.get("TENSORPIPE_CLI_FUZZ_EXAMPLES", "12"))
+WORKERS = int(os.environ.get("TENSORPIPE_CLI_FUZZ_WORKERS", "2"))
 FLAGS = ["--params_override", "--params_file_override", "--gin_param", "--gin_file", "--job"]
 
 
@@ -54,6 +55,7 @@ def _run_one(case, directory, index, env):
     else:
         argv.append(f"{flag}={_argv_safe(text)}")
     proc = subprocess.run(argv, cwd=runner.REPO, env=env, capture_output=True, timeout=300)
+    print(f"cli fuzz run {index}: {flag} -> exit {proc.returncode}", flush=True)  # shown with -s
     return case, proc.returncode, proc.stderr.decode("utf-8", "replace")
 
 
@@ -68,7 +70,7 @@ def test_fuzzed_flags_exit_0_or_2_without_traceback(tmp_path_factory, cases):
     )
     env = runner._env()
     env["PYTHONPATH"] = str(directory) + os.pathsep + env["PYTHONPATH"]
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         results = list(pool.map(lambda ic: _run_one(ic[1], directory, ic[0], env), enumerate(cases)))
     codes = {}
     for case, code, stderr in results:
