@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from params import experiment
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
+from tests.params import fuzz_inputs
+from tests.params.fuzz_inputs import CANARY, MODEL
 
-MODEL = "tests.params.fake_experiments.TinyExp"
-CANARY = "tp_fuzz_canary"
 EXAMPLES = int(os.environ.get("TENSORPIPE_FUZZ_EXAMPLES", "2000"))  # the full run: 10000
 
 settings.register_profile(
@@ -33,36 +33,6 @@ settings.register_profile(
     suppress_health_check=list(HealthCheck),
 )
 FUZZ = settings.get_profile("tensorpipe_fuzz")
-
-_KEYS = [
-    "task.width", "task.name", "task.train.learning_rate", "task.train.max_steps", "task.cls",
-    "input.dev.task_overrides", "input.train.split", "input.dev.batch_size", "cluster.intra_op_threads",
-    "model", "task", "task.train", "task.width[0]", "task.train[3].x", "nope",
-]  # fmt: skip
-_FRAGMENTS = [
-    " : ", ":", ";", "\n", " ", "=", ",", "[", "]", "(", ")", "{", "}", "'", '"', "\\", "\\x", "\\u12",
-    "\\N{foo}", "\\n", "1", "-", "0.5", "1e999", "9" * 50, "inf", "nan", "True", "None", "float32",
-    "type/", "/", ".", "type/os/system", f"type/{CANARY}/Thing", f"'{CANARY}.Thing'", "type/builtins/dict",
-    "type/layers.core/SoftmaxLayer", "import ", f"import {CANARY}", "from __gin__ import x",
-    "include ", "@", "%", "()", "TinyExp.", "TinyExp.width = ", "TinyExp.learning_rate = ", "scope/",
-    "#", "__import__('os')", "\x00", "\udcff", "é", "\u2028",
-    *_KEYS,
-]  # fmt: skip
-_text = st.one_of(
-    st.text(max_size=40),
-    st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=4)), max_size=16).map("".join),
-    st.builds(
-        lambda k, v: f"{k} : {v}", st.sampled_from(_KEYS), st.lists(st.sampled_from(_FRAGMENTS)).map("".join)
-    ),
-)
-_gin_text = st.one_of(
-    _text,
-    st.builds(
-        lambda k, v: f"TinyExp.{k} = {v}",
-        st.sampled_from(["width", "learning_rate", "depth", "name"]),
-        st.lists(st.sampled_from(_FRAGMENTS), max_size=8).map("".join),
-    ),
-)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,14 +63,14 @@ _COUNTS: dict[str, int] = {}
 
 
 @FUZZ
-@given(_text)
+@given(fuzz_inputs.text)
 def test_fuzz_params_override(text):
     _counted(_COUNTS, "params_override")
     _check(lambda: experiment.resolve(MODEL, params_override=text))
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=60), _text.map(lambda t: t.encode("utf-8", "surrogatepass"))))
+@given(st.one_of(st.binary(max_size=60), fuzz_inputs.text.map(lambda t: t.encode("utf-8", "surrogatepass"))))
 def test_fuzz_params_file(tmp_path_factory, data):
     _counted(_COUNTS, "params_file")
     path = tmp_path_factory.getbasetemp() / "fuzz_params.txt"
@@ -109,7 +79,7 @@ def test_fuzz_params_file(tmp_path_factory, data):
 
 
 @FUZZ
-@given(_gin_text)
+@given(fuzz_inputs.gin_text)
 def test_fuzz_gin_param(text):
     _counted(_COUNTS, "gin_param")
     _check(lambda: experiment.resolve(MODEL, gin_bindings=[text]))
@@ -132,7 +102,7 @@ def _tree() -> Params:
 
 
 @FUZZ
-@given(_text)
+@given(fuzz_inputs.text)
 def test_fuzz_params_text(text):
     _counted(_COUNTS, "params_text")
     _check(lambda: _tree().from_text(text))

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.params import test_fuzz
+from tests.params import fuzz_inputs
 from tests.trainer import runner
 
 EXAMPLES = int(os.environ.get("TENSORPIPE_CLI_FUZZ_EXAMPLES", "12"))
@@ -42,12 +42,12 @@ def _encodable(text: str) -> bool:
     return True
 
 
-_case = st.tuples(st.sampled_from(FLAGS), st.one_of(test_fuzz._text, test_fuzz._gin_text))
+_case = st.tuples(st.sampled_from(FLAGS), st.one_of(fuzz_inputs.text, fuzz_inputs.gin_text))
 
 
 def _run_one(case, directory, index, env):
     flag, text = case
-    argv = [sys.executable, "-m", "trainer", f"--model={test_fuzz.MODEL}", "--mode=inspect_params"]
+    argv = [sys.executable, "-m", "trainer", f"--model={fuzz_inputs.MODEL}", "--mode=inspect_params"]
     if flag in ("--params_file_override", "--gin_file"):
         path = directory / f"input-{index}.txt"
         path.write_bytes(text.encode("utf-8", "surrogatepass"))
@@ -65,7 +65,7 @@ def _run_one(case, directory, index, env):
 def test_fuzzed_flags_exit_0_or_2_without_traceback(tmp_path_factory, cases):
     directory = tmp_path_factory.mktemp("cli_fuzz")
     marker = directory / "imported"
-    (directory / f"{test_fuzz.CANARY}.py").write_text(
+    (directory / f"{fuzz_inputs.CANARY}.py").write_text(
         f"open({str(marker)!r}, 'w').close()\nclass Thing: pass\n"
     )
     env = runner._env()
