@@ -87,15 +87,17 @@ def get(key: str) -> type:
     cls = _import_by_path(key)
     if cls is not None:
         return cls
-    matches = difflib.get_close_matches(key, list(_REGISTRY), n=3, cutoff=0.6)
+    matches = difflib.get_close_matches(key[:500], list(_REGISTRY), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
-    raise ConfigError(f"unknown model {key!r}{hint} (python -m tools.list_models lists them all)")
+    shown = repr(key) if len(key) <= 200 else f"{key[:200]!r}... ({len(key)} characters)"
+    raise ConfigError(f"unknown model {shown}{hint} (python -m tools.list_models lists them all)")
 
 
 def _import_by_path(key: str) -> type | None:
     module_name, _, attr = key.rpartition(".")
-    if not module_name:
-        return None
+    parts = module_name.split(".") if module_name else []
+    if not parts or not all(p.isidentifier() and not p.startswith("__") for p in parts + [attr]):
+        return None  # not a path of a module (relative, empty or dunder parts): never imported
     try:
         module = importlib.import_module(module_name)
     except ImportError:

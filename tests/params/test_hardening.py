@@ -177,3 +177,12 @@ def test_gin_knobs_follow_kwargs_into_the_base_experiment():
         experiment.resolve(
             "lm.synthetic.GPipeTransformerLM", gin_bindings=["TransformerLM.model_dim = 'wide'"]
         )
+
+
+@pytest.mark.parametrize(
+    "model", [".x.Y", ".", "..", "a" * 5000 + ".B", "trainer.__main__.X", "os.path.join"]
+)
+def test_bad_model_keys_are_one_line(model):
+    with pytest.raises(ConfigError, match="unknown model") as e:
+        registry.get(model)
+    assert len(str(e.value)) < 400
