@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import inspect
 
-from params import overrides, registry
+from params import overrides, registry, text_format
 from params.errors import ConfigError
-from params.hyperparams import Params
+from params.hyperparams import Params, clip, coerce_value
 
 
 def cluster_params() -> Params:
@@ -123,12 +123,15 @@ def resolve(
     gin_bindings: list[str] | tuple[str, ...] = (),
     params_file_override: str | None = None,
     params_override: str | None = None,
+    gin_allow_code: bool = False,
 ) -> Params:
-    """Model key + overrides -> the frozen Params of a run. Bad input raises ConfigError."""
+    """Model key + overrides -> the frozen, validated Params of a run. Bad input raises ConfigError.
+
+    ``gin_allow_code``: trust gin files as code (imports, references); see ``overrides.apply_gin``."""
     cls = registry.get(model)
     if not (isinstance(cls, type) and issubclass(cls, Experiment)):
         raise ConfigError(f"{model!r} is not an Experiment subclass")
-    overrides.apply_gin(gin_files, gin_bindings)
+    overrides.apply_gin(gin_files, gin_bindings, allow_code=gin_allow_code)
     try:
         experiment = cls()
     except TypeError as e:
@@ -138,14 +141,51 @@ def resolve(
         overrides.apply_params_file(root, params_file_override)
     if params_override:
         overrides.apply_params_text(root, params_override, source="--params_override")
+    validate(root)
     return root.freeze()
 
 
+def validate(root: Params) -> None:
+    """Checks what the jobs would otherwise trip over later, so inspect_params rejects what training
+    would: every data set's task_overrides (string keys naming task values, values of their type),
+    ``cls`` fields holding classes, dtype fields holding dtypes or dtype names. Raises ConfigError."""
+    for name in root.input.names():
+        task_params_for(root, name)
+    for key, value in root:
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf == "cls" and value is not None and not isinstance(value, type):
+            raise ConfigError(f"param {key!r}: expected a class (type/module/Name), got {clip(str(value))}")
+        if (leaf == "dtype" or leaf.endswith("_dtype")) and not _is_dtype_value(value):
+            raise ConfigError(f"param {key!r}: expected a dtype such as float32, got {clip(repr(value))}")
+
+
+def _is_dtype_value(value: object) -> bool:
+    if value is None or text_format.is_dtype(value):
+        return True
+    return text_format.is_dtype_name(value)
+
+
 def task_params_for(root: Params, dataset: str) -> Params:
-    """The task Params a job on ``dataset`` runs: ``task`` with that data set's task_overrides."""
+    """The task Params a job on ``dataset`` runs: ``task`` with that data set's task_overrides, each
+    checked like a ``--params_override`` of that key."""
     task = root.task.copy()
-    try:
-        task.set(**root.input.get(dataset).task_overrides)
-    except ConfigError as e:
-        raise ConfigError(f"input.{dataset}.task_overrides: {e}") from None
+    where = f"input.{dataset}.task_overrides"
+    task_overrides = root.input.get(dataset).task_overrides
+    if not isinstance(task_overrides, dict):
+        raise ConfigError(
+            f"{where}: expected a dict {{'dotted.key': value}}, got {clip(repr(task_overrides))}"
+        )
+    for key, value in task_overrides.items():
+        if not isinstance(key, str):
+            shown = repr(key) if len(repr(key)) <= 40 else repr(key)[:40] + "..."
+            raise ConfigError(f"{where}: key {shown} is a {type(key).__name__}, not a 'dotted.key' string")
+        try:
+            current = task.get(key)
+            if isinstance(current, Params) or (
+                isinstance(current, (list, tuple)) and current and all(isinstance(v, Params) for v in current)
+            ):
+                raise ConfigError(f"param {key!r} is a group of params: set its fields, like '{key}.name'")
+            task.set(**{key: coerce_value(key, value, current)})
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
     return task.freeze()

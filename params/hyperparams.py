@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import copy as copy_lib
 import difflib
-import importlib
 import re
 from collections.abc import Iterator
 from typing import Any
 
-from params import text_format
+from params import registry, text_format
 from params.errors import ConfigError
 
+MAX_KEY_CHARS = 500  # a dotted key; longer is an error naming the limit
+MAX_INDEX_DIGITS = 9  # list indices in keys: body.layers[2]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SEGMENT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
 
@@ -42,14 +43,26 @@ def _is_params_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, Params) for v in value)
 
 
+def clip(text: str, limit: int = 80) -> str:
+    """``repr(text)``, shortened to about ``limit`` characters, for one-line error messages."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def _split_key(key: str) -> list[tuple[str, list[int]]]:
     """'a.b[1].c' -> [('a', []), ('b', [1]), ('c', [])]."""
+    if not isinstance(key, str):
+        raise ConfigError(f"param key of type {type(key).__name__} is not a string")
+    if len(key) > MAX_KEY_CHARS:
+        raise ConfigError(f"param key {clip(key)} is longer than {MAX_KEY_CHARS} characters (the limit)")
     segments = []
     for part in key.split("."):
         match = _SEGMENT_RE.match(part.strip())
         if not match:
-            raise ConfigError(f"malformed param key {key!r}: bad segment {part!r}")
-        indices = [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]
+            raise ConfigError(f"malformed param key {clip(key)}: bad segment {clip(part, 40)}")
+        digits = re.findall(r"\[(\d+)\]", match.group(2))
+        if any(len(i) > MAX_INDEX_DIGITS for i in digits):
+            raise ConfigError(f"param key {clip(key)}: a list index has more than {MAX_INDEX_DIGITS} digits")
+        indices = [int(i) for i in digits]
         segments.append((match.group(1), indices))
     return segments
 
@@ -183,7 +196,7 @@ class Params:
                 for m in difflib.get_close_matches(name, siblings, n=3, cutoff=0.75)
             ]
         hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
-        return UnknownParamError(f"unknown param {key!r}{hint}")
+        return UnknownParamError(f"unknown param {clip(key)}{hint}")
 
     # ------------------------------------------------------------------------------------ iteration
     def _walk(self, prefix: str, include_groups: bool = False) -> Iterator[tuple[str, Any]]:
@@ -256,7 +269,7 @@ class Params:
             if not line or line.startswith("#"):
                 continue
             if ":" not in line:
-                raise ConfigError(f"line {line_no}: expected 'key : value', got {line!r}")
+                raise ConfigError(f"line {line_no}: expected 'key : value', got {clip(line)}")
             key, value_text = (part.strip() for part in line.split(":", 1))
             current = self.get(key)
             updates[key] = parse_typed(key, value_text, current)
@@ -343,7 +356,11 @@ def parse_typed(key: str, text: str, current: Any) -> Any:
     if isinstance(current, str):
         try:
             parsed = text_format.parse_value(text)
-        except ValueError:
+        except ValueError as e:
+            if (
+                text[:1] and text[:1] in "'\""
+            ):  # meant as a quoted string: an unterminated quote or a bad escape
+                raise ConfigError(f"param {key!r}: cannot parse {clip(text)} ({e})") from None
             return text
         return parsed if isinstance(parsed, str) else text
     try:
@@ -351,56 +368,119 @@ def parse_typed(key: str, text: str, current: Any) -> Any:
     except ValueError as e:
         if isinstance(current, type) and text.startswith("type/"):
             raise ConfigError(f"param {key!r}: {e}") from None
-        raise ConfigError(f"param {key!r}: cannot parse {text!r} ({e})") from None
+        raise ConfigError(f"param {key!r}: cannot parse {clip(text)} ({e})") from None
     return _coerce(key, text, parsed, current)
 
 
 def _coerce(key: str, text: str, parsed: Any, current: Any) -> Any:
+    return coerce_value(key, parsed, current, shown=text)
+
+
+def coerce_value(key: str, value: Any, current: Any, shown: str | None = None) -> Any:
+    """``value`` (already parsed: a gin binding, a task_overrides entry) checked against the type of
+    the param's ``current`` value, as ``--params_override`` checks text; returns it, converted where
+    that is lossless (int -> float, list -> tuple, a class path or dtype name -> the class or dtype).
+    ``shown`` is the user's text for the message. Raises ConfigError."""
+    if current is None or value is None:
+        return value
     expected = None
-    if current is None or parsed is None:
-        return parsed
     if isinstance(current, bool):
-        if isinstance(parsed, bool):
-            return parsed
+        if isinstance(value, bool):
+            return value
         expected = "a bool (True or False)"
     elif isinstance(current, int):
-        if isinstance(parsed, int) and not isinstance(parsed, bool):
-            return parsed
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
         expected = "an int"
     elif isinstance(current, float):
-        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
-            return float(parsed)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
         expected = "a float"
+    elif isinstance(current, str):
+        if isinstance(value, str):
+            return value
+        expected = "a string"
     elif isinstance(current, type):
-        if isinstance(parsed, type):
-            return parsed
-        if isinstance(parsed, str):
-            return import_symbol(key, parsed)
+        if isinstance(value, str):
+            value = import_symbol(key, value)
+        if isinstance(value, type):
+            return _check_class_family(key, value, current)
         expected = "a class (type/module/Name)"
     elif text_format.is_dtype(current):
-        if text_format.is_dtype(parsed):
-            return parsed
+        if text_format.is_dtype(value):
+            return value
+        if text_format.is_dtype_name(value):
+            return text_format.parse_value(value)
         expected = "a dtype such as float32"
     elif isinstance(current, (list, tuple)):
-        if isinstance(parsed, (list, tuple)):
-            return type(current)(parsed)
+        if isinstance(value, (list, tuple)):
+            _check_elements(key, value, current, shown)
+            return type(current)(value)
         expected = "a list" if isinstance(current, list) else "a tuple"
     elif isinstance(current, dict):
-        if isinstance(parsed, dict):
-            return parsed
+        if isinstance(value, dict):
+            return value
         expected = "a dict"
     else:
-        return parsed
-    raise ConfigError(f"param {key!r}: expected {expected}, got {text!r}")
+        return value
+    text = shown if shown is not None else _format_for_message(value)
+    raise ConfigError(f"param {key!r}: expected {expected}, got {clip(text)}")
+
+
+def _format_for_message(value: Any) -> str:
+    try:
+        return text_format.format_value(value)
+    except Exception:  # noqa: BLE001 (only for a message; any object may be passed)
+        return type(value).__name__
+
+
+def _check_elements(key: str, value: Any, current: Any, shown: str | None) -> None:
+    """A list whose default holds only ints (floats, strings, bools) takes only those (and None)."""
+    kinds = {type(v) for v in current}
+    if len(kinds) != 1 or next(iter(kinds)) not in (bool, int, float, str):
+        return
+    kind = next(iter(kinds))
+    for i, item in enumerate(value):
+        if item is None:
+            continue
+        if kind is float and isinstance(item, int) and not isinstance(item, bool):
+            continue
+        if type(item) is not kind:
+            text = shown if shown is not None else _format_for_message(value)
+            raise ConfigError(f"param {key!r}: element {i} should be {kind.__name__}, got {clip(text)}")
+
+
+def _class_family(cls: type) -> type | None:
+    """The most general class of the project package ``cls`` first descends from: BaseLayer for a
+    layer, BaseTask for a task, BaseInput for an input, Params for Params. None outside the project."""
+    packages = registry.TRUSTED_PACKAGES
+    first = next((c for c in cls.__mro__ if c.__module__.split(".")[0] in packages), None)
+    if first is None:
+        return None
+    package = first.__module__.split(".")[0]
+    return [c for c in cls.__mro__ if c.__module__.split(".")[0] == package][-1]
+
+
+def _check_class_family(key: str, value: type, current: type) -> type:
+    family = _class_family(current)
+    if family is not None and not issubclass(value, family):
+        raise ConfigError(
+            f"param {key!r}: {value.__module__}.{value.__qualname__} is not a {family.__name__} "
+            f"(the class there now is {current.__module__}.{current.__qualname__})"
+        )
+    return value
 
 
 def import_symbol(key: str, path: str) -> Any:
-    """Imports 'pkg.module.Name' or 'type/pkg.module/Name'."""
-    dotted = path[len("type/") :].replace("/", ".") if path.startswith("type/") else path
-    module_name, _, attr = dotted.rpartition(".")
+    """Imports 'pkg.module.Name' or 'type/pkg.module/Name' from a module of the project only
+    (``registry.is_known_module``, checked before the import)."""
+    if path.startswith("type/"):
+        module_name, _, attr = path[len("type/") :].rpartition("/")
+    else:
+        module_name, _, attr = path.rpartition(".")
     if not module_name:
-        raise ConfigError(f"param {key!r}: {path!r} is not an importable 'module.Name'")
+        raise ConfigError(f"param {key!r}: {clip(path)} is not an importable 'module.Name'")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"param {key!r}: cannot import {path!r} ({e})") from None
+        return registry.import_known(module_name, attr)
+    except ValueError as e:
+        raise ConfigError(f"param {key!r}: cannot import {clip(path)} ({e})") from None

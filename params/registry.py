@@ -17,6 +17,9 @@ import gin
 from params.errors import ConfigError
 
 EXPERIMENTS_PACKAGE = "tasks"
+# Packages whose classes a ``type/module/Name`` value may name (with the packages of registered
+# experiments): configuration is data, so a value never imports a module the project does not know.
+TRUSTED_PACKAGES = ("params", "layers", "tasks")
 
 _REGISTRY: dict[str, type] = {}  # the project's one piece of module-level mutable state
 
@@ -84,17 +87,19 @@ def get(key: str) -> type:
     cls = _import_by_path(key)
     if cls is not None:
         return cls
-    matches = difflib.get_close_matches(key, list(_REGISTRY), n=3, cutoff=0.6)
+    matches = difflib.get_close_matches(key[:500], list(_REGISTRY), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
     if not hint and "." in key.rpartition(".")[0]:
         hint = "; a class outside this repo needs its package's directory on PYTHONPATH"
-    raise ConfigError(f"unknown model {key!r}{hint} (.venv/bin/python -m tools.list_models lists them all)")
+    shown = repr(key) if len(key) <= 200 else f"{key[:200]!r}... ({len(key)} characters)"
+    raise ConfigError(f"unknown model {shown}{hint} (.venv/bin/python -m tools.list_models lists them all)")
 
 
 def _import_by_path(key: str) -> type | None:
     module_name, _, attr = key.rpartition(".")
-    if not module_name:
-        return None
+    parts = module_name.split(".") if module_name else []
+    if not parts or not all(p.isidentifier() and not p.startswith("__") for p in parts + [attr]):
+        return None  # not a path of a module (relative, empty or dunder parts): never imported
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -105,6 +110,44 @@ def _import_by_path(key: str) -> type | None:
         raise ConfigError(f"--model={key}: importing {module_name} failed: {type(e).__name__}: {e}") from None
     cls = getattr(module, attr, None)
     return cls if isinstance(cls, type) else None
+
+
+def is_known_module(module_name: str) -> bool:
+    """Whether a ``type/`` value may import ``module_name``: a module of the project's packages or of a
+    registered experiment's package, never a ``__main__`` or other dunder module. Checked before any
+    import, so a rejected value runs no import-time code."""
+    parts = module_name.split(".")
+    if not all(part.isidentifier() and not part.startswith("__") for part in parts):
+        return False
+    packages = set(TRUSTED_PACKAGES) | {cls.__module__.split(".")[0] for cls in _REGISTRY.values()}
+    return parts[0] in packages
+
+
+def import_known(module_name: str, attr_path: str) -> object:
+    """``module_name.attr_path`` for a known module (see ``is_known_module``); also builtin classes
+    such as ``builtins.dict``. Raises ValueError for anything else, before importing it."""
+    attrs = attr_path.split(".")
+    if not attr_path or not all(a.isidentifier() and not a.startswith("_") for a in attrs):
+        raise ValueError(f"{attr_path!r} is not a public name")
+    if module_name == "builtins":
+        import builtins
+
+        obj = getattr(builtins, attr_path, None)
+        if len(attrs) == 1 and isinstance(obj, type):
+            return obj
+        raise ValueError(f"builtins.{attr_path} is not a builtin class")
+    if not is_known_module(module_name):
+        raise ValueError(
+            f"module {module_name!r} is not part of this project (only {', '.join(TRUSTED_PACKAGES)} "
+            "and the packages of registered experiments may be named); it was not imported"
+        )
+    try:
+        obj = importlib.import_module(module_name)
+        for attr in attrs:
+            obj = getattr(obj, attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot import {module_name}.{attr_path} ({e})") from None
+    return obj
 
 
 def doc_line(cls: type) -> str:

@@ -2,17 +2,23 @@
 
 Grammar of a value: a quoted string, an int, a float (``inf``, ``nan`` too), ``True``/``False``/``None``
 (Lingvo's ``NoneType`` too), a TF dtype name (``float32``), a class as ``type/module.path/Name`` (a
-function as Lingvo's ``callable/module.path/qualname``), or a list ``[...]``, tuple ``(...)``
-or dict ``{k: v}`` of values. Anything else is a ValueError; nothing is ever executed.
+function as Lingvo's ``callable/module.path/qualname``), or a list ``[...]``, tuple ``(...)`` or dict
+``{k: v}`` of values. Anything else is a ValueError; nothing is ever executed, and a ``type/`` or
+``callable/`` value imports only a module of the project (``registry.is_known_module``). Limits keep
+hostile input from exhausting the parser: ``MAX_VALUE_CHARS`` characters, ``MAX_DEPTH`` levels of brackets.
 """
 
 from __future__ import annotations
 
 import ast
 import enum
-import importlib
 import re
 from typing import Any
+
+from params import registry
+
+MAX_VALUE_CHARS = 100_000
+MAX_DEPTH = 50
 
 _TOKEN_RE = re.compile(
     r"""
@@ -31,6 +37,11 @@ _DTYPE_NAMES = frozenset(
     "float16 bfloat16 float32 float64 half double int8 int16 int32 int64 uint8 uint16 uint32 "
     "uint64 bool complex64 complex128 string".split()
 )
+
+
+def is_dtype_name(text: Any) -> bool:
+    """True for a TensorFlow dtype name such as 'float32'."""
+    return isinstance(text, str) and text in _DTYPE_NAMES
 
 
 def is_dtype(value: Any) -> bool:
@@ -70,6 +81,8 @@ def format_value(value: Any) -> str:
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
+    if len(text) > MAX_VALUE_CHARS:
+        raise ValueError(f"value is {len(text)} characters long; the limit is {MAX_VALUE_CHARS}")
     tokens, pos = [], 0
     while pos < len(text):
         match = _TOKEN_RE.match(text, pos)
@@ -86,9 +99,34 @@ def parse_value(text: str) -> Any:
     tokens = _tokenize(text)
     if not tokens:
         raise ValueError("empty value")
+    _check_depth(tokens)
     value, pos = _parse(tokens, 0)
     if pos != len(tokens):
         raise ValueError(f"unexpected {tokens[pos][1]!r} after the value")
+    return value
+
+
+def _check_depth(tokens: list[tuple[str, str]]) -> None:
+    """Brackets nested deeper than MAX_DEPTH are an error (not a RecursionError in the parser)."""
+    depth = 0
+    for kind, text in tokens:
+        if kind == "punct" and text in "[({":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ValueError(f"brackets nest deeper than {MAX_DEPTH} levels (the limit)")
+        elif kind == "punct" and text in "])}":
+            depth -= 1
+
+
+def _parse_string(text: str) -> str:
+    """A quoted string token with Python's escapes; a bad escape is a ValueError."""
+    try:
+        value = ast.literal_eval(text)  # a single string token: a literal, never code
+    except (SyntaxError, ValueError, UnicodeError, MemoryError) as e:
+        reason = getattr(e, "msg", None) or str(e) or type(e).__name__
+        raise ValueError(f"bad string {text[:40]!r}{'...' if len(text) > 40 else ''}: {reason}") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{text[:40]!r} is not a string")
     return value
 
 
@@ -97,10 +135,13 @@ def _parse(tokens: list[tuple[str, str]], pos: int) -> tuple[Any, int]:
         raise ValueError("value ends too early")
     kind, text = tokens[pos]
     if kind == "string":
-        return ast.literal_eval(text), pos + 1  # a single string token: a literal, never code
+        return _parse_string(text), pos + 1
     if kind == "number":
         is_float = any(c in text for c in ".eE")
-        return (float(text) if is_float else int(text)), pos + 1
+        try:
+            return (float(text) if is_float else int(text)), pos + 1
+        except ValueError:
+            raise ValueError(f"number {text[:20]}... has too many digits ({len(text)})") from None
     if kind == "signed":
         return float(text), pos + 1
     if kind == "typeref":
@@ -119,17 +160,14 @@ def _parse(tokens: list[tuple[str, str]], pos: int) -> tuple[Any, int]:
 
 
 def resolve_typeref(text: str) -> Any:
-    """Imports the class named by ``type/module.path/Name`` (a module import, never an eval); Lingvo's
-    ``callable/module.path/qualname`` names a function the same way."""
+    """Imports the class named by ``type/module.path/Name`` (a module import, never an eval) from a
+    module of the project only, checked before it is imported; Lingvo's ``callable/module.path/qualname``
+    names a function the same way."""
     module_name, _, attr = text.partition("/")[2].rpartition("/")
     try:
-        module = importlib.import_module(module_name)
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
+        return registry.import_known(module_name, attr)
+    except ValueError as e:
         raise ValueError(f"cannot import {text!r} ({e})") from None
-    return obj
 
 
 def _parse_name(text: str) -> Any:

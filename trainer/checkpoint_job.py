@@ -63,6 +63,7 @@ class CheckpointJob:
         self._scores_path = files.join(self.directory, "scores.jsonl")
         self._records = files.read_jsonl(self._scores_path)
         self._skipped: set[int] = set()
+        self._seen: set[int] = set()  # steps once listed in the state file
         self.writer = SummaryWriter(self.directory)
 
     # ------------------------------------------------------------------------------ bookkeeping
@@ -79,10 +80,35 @@ class CheckpointJob:
         """Checkpoints to process now, oldest first."""
         done = set(self.done_steps)
         listed = [(s, p) for s, p in checkpointer.list_checkpoints(self.train_dir) if s not in self._skipped]
+        if self.mode == "all":
+            self._report_retention_gaps(done, [s for s, _ in listed])
         if self.mode == "latest":
             newest = [c for c in listed[-1:] if c[0] > max(done, default=-1)]
             return newest
         return [(s, p) for s, p in listed if s not in done]
+
+    def _report_retention_gaps(self, done: set[int], listed: list[int]) -> None:
+        """Says which checkpoints retention deleted before this job scored them: ones it saw listed
+        that are gone, and (with task.train.save_interval_steps) the saves missing between the last
+        step it handled and the oldest listed."""
+        keep = self.task_params.train.save_max_to_keep
+        gone = sorted(self._seen - set(listed) - done - self._skipped)
+        interval = int(self.task_params.train.save_interval_steps)
+        handled = done | self._skipped | self._seen
+        oldest = min((s for s in listed if s not in done), default=None)
+        if interval > 0 and oldest is not None:
+            last = max((s for s in handled if s < oldest), default=0)
+            gone += [
+                s for s in range((last // interval + 1) * interval, oldest, interval) if s not in handled
+            ]
+        self._seen.update(listed)
+        if gone:
+            self._skipped.update(gone)
+            steps = ", ".join(str(s) for s in sorted(gone)[:10]) + (" ..." if len(gone) > 10 else "")
+            self._log(
+                f"{self.name}: skipped {len(gone)} checkpoint(s) (steps {steps}): deleted by retention "
+                f"(task.train.save_max_to_keep : {keep}) before this job scored them"
+            )
 
     def run_pending(self) -> int:
         """Processes every pending checkpoint; returns how many were done."""

@@ -9,19 +9,31 @@ short never becomes 'latest'. ``tf.train.CheckpointManager`` deletes all but the
 
 Readers (evalers, decoders) list checkpoints from the state file and restore only the task into their
 own task instance.
+
+The state file is the one place that says which checkpoint is the latest. TensorFlow reads a missing or
+damaged one as "nothing saved yet", which would restart training at step 0 and overwrite every
+checkpoint; here a missing or unparsable state file next to checkpoints stops the trainer with one
+line instead (``check_state``), and ``python -m tools.checkpoint_state --logdir=... --rebuild`` writes
+it again from the ``ckpt-*`` files present.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import tensorflow as tf
+from google.protobuf import text_format as proto_text
+from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
 
 from params.errors import UserError
 from trainer import files
 
 CHECKPOINT_NAME = "ckpt"
+STATE_FILE = "checkpoint"
 _STEP_RE = re.compile(r"-(\d+)$")
+_INDEX_RE = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)\.index$")
+_TEMP_RE = re.compile(rf"^{CHECKPOINT_NAME}-\d+_temp$")  # TensorFlow's shards of a save in progress
 
 
 class CheckpointGoneError(Exception):
@@ -36,16 +48,124 @@ def step_of(path: str) -> int:
     return int(match.group(1))
 
 
+def checkpoints_on_disk(train_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every ``ckpt-<step>`` whose index file is present, oldest first, whatever the
+    state file says."""
+    try:
+        names = tf.io.gfile.listdir(train_dir)
+    except tf.errors.NotFoundError:
+        return []
+    except (tf.errors.OpError, OSError) as e:
+        raise UserError(f"cannot list {train_dir}: {files.reason(e)}") from None
+    found = []
+    for name in names:
+        match = _INDEX_RE.match(name)
+        if match:
+            found.append((int(match.group(1)), files.join(train_dir, name[: -len(".index")])))
+    return sorted(found)
+
+
+class DamagedStateError(UserError):
+    """The state file is missing (with checkpoints present) or unparsable."""
+
+
+def _recovery(train_dir: str) -> str:
+    logdir = train_dir.rstrip("/").rpartition("/")[0] or "."
+    return (
+        f"nothing was changed; to resume from the newest checkpoint present, run: python -m "
+        f"tools.checkpoint_state --logdir={logdir} --rebuild"
+    )
+
+
+def read_state(train_dir: str) -> CheckpointState | None:
+    """The parsed state file; None if there is none. A file that cannot be read or parsed, or that
+    names no checkpoint, is a DamagedStateError (never read as 'nothing saved')."""
+    path = files.join(train_dir, STATE_FILE)
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            data = f.read()
+    except tf.errors.NotFoundError:
+        return None
+    except (tf.errors.OpError, OSError) as e:
+        raise DamagedStateError(f"cannot read {path}: {files.reason(e)}") from None
+    state = CheckpointState()
+    try:
+        proto_text.Parse(data.decode("utf-8"), state)
+    except (proto_text.ParseError, UnicodeDecodeError) as e:
+        newest = checkpoints_on_disk(train_dir)
+        found = f"; the newest checkpoint present is {newest[-1][1]}" if newest else ""
+        reason = " ".join(str(e).split())[:120]
+        raise DamagedStateError(f"{path} is damaged ({reason}){found}; {_recovery(train_dir)}") from None
+    if not state.model_checkpoint_path:
+        newest = checkpoints_on_disk(train_dir)
+        found = f"; the newest checkpoint present is {newest[-1][1]}" if newest else ""
+        raise DamagedStateError(f"{path} names no checkpoint (damaged){found}; {_recovery(train_dir)}")
+    for p in [state.model_checkpoint_path, *state.all_model_checkpoint_paths]:
+        if not _STEP_RE.search(p):
+            raise DamagedStateError(f"{path} is damaged: {p!r} is not a {CHECKPOINT_NAME}-<step>")
+    return state
+
+
+def check_state(train_dir: str) -> None:
+    """For the trainer, before it restores: a missing state file next to checkpoints, or a damaged
+    one, is a DamagedStateError naming the newest checkpoint present and how to recover."""
+    state = read_state(train_dir)
+    if state is not None:
+        return
+    present = checkpoints_on_disk(train_dir)
+    if present:
+        raise DamagedStateError(
+            f"{files.join(train_dir, STATE_FILE)} is missing but {len(present)} checkpoint(s) are there, "
+            f"the newest {present[-1][1]}; training would restart from step 0 over them, so "
+            f"{_recovery(train_dir)}"
+        )
+
+
 def list_checkpoints(train_dir: str) -> list[tuple[int, str]]:
     """(step, path) of every checkpoint the state file lists, oldest first."""
-    try:
-        state = tf.train.get_checkpoint_state(train_dir)
-    except (tf.errors.OpError, ValueError) as e:
-        raise UserError(f"cannot read {files.join(train_dir, 'checkpoint')}: {files.reason(e)}") from None
+    state = read_state(train_dir)
     if state is None:
         return []
     paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    return sorted((step_of(p), p) for p in paths if p)
+    paths = [p if p.startswith("/") or "://" in p else files.join(train_dir, p) for p in paths if p]
+    return sorted((step_of(p), p) for p in paths)
+
+
+def rebuild_state(train_dir: str) -> list[tuple[int, str]]:
+    """Writes the state file again from the checkpoints present (their index and data files), newest
+    as the latest; returns them. Used by ``tools.checkpoint_state --rebuild``."""
+    present = [(s, p) for s, p in checkpoints_on_disk(train_dir) if tf.io.gfile.glob(p + ".data-*")]
+    if not present:
+        raise UserError(f"no complete {CHECKPOINT_NAME}-<step> checkpoint in {train_dir}")
+    state = CheckpointState(
+        model_checkpoint_path=present[-1][1].rpartition("/")[2],
+        all_model_checkpoint_paths=[p.rpartition("/")[2] for _, p in present],
+    )
+    files.write_text_atomic(files.join(train_dir, STATE_FILE), proto_text.MessageToString(state))
+    return present
+
+
+def remove_orphan_temps(train_dir: str, log: Callable[[str], None]) -> list[str]:
+    """Deletes the ``ckpt-<step>_temp`` directories a save cut short left behind (call it holding the
+    LOCK: only then is no save in progress). Touches nothing else; returns what it removed."""
+    try:
+        names = tf.io.gfile.listdir(train_dir)
+    except tf.errors.NotFoundError:
+        return []
+    removed = []
+    for name in sorted(names):
+        name = name.rstrip("/")
+        path = files.join(train_dir, name)
+        if _TEMP_RE.match(name) and tf.io.gfile.isdir(path):
+            try:
+                tf.io.gfile.rmtree(path)
+            except (tf.errors.OpError, OSError) as e:
+                raise UserError(
+                    f"cannot remove {path} (left by an interrupted save): {files.reason(e)}"
+                ) from None
+            log(f"trainer: removed {path}, left by a save that was interrupted")
+            removed.append(path)
+    return removed
 
 
 def exists(path: str) -> bool:
@@ -71,7 +191,7 @@ def restore_task(task: tf.Module, path: str) -> None:
     try:
         status = tf.train.Checkpoint(task=task).read(path)
         status.expect_partial().assert_existing_objects_matched()
-    except (tf.errors.OpError, ValueError, AssertionError) as e:
+    except Exception as e:  # noqa: BLE001 (a damaged file raises many types; all mean unreadable)
         if not exists(path):
             raise CheckpointGoneError(path) from None
         raise _corrupt(path, e) from None
@@ -85,6 +205,7 @@ class Checkpointer:
         ``max_to_keep`` <= 0 keeps every checkpoint."""
         self._checkpoint = tf.train.Checkpoint(**objects)
         self._checkpoint.save_counter  # noqa: B018 (created now, so a restore can match all of a checkpoint)
+        check_state(train_dir)  # TensorFlow reads a missing or damaged state file as 'nothing saved'
         try:
             self._manager = tf.train.CheckpointManager(
                 self._checkpoint,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from typing import Any
 
@@ -82,4 +83,5 @@ def write_jsonl_atomic(path: str, records: list[Any]) -> None:
 def reason(error: Exception) -> str:
     """The first line of an error message, for one-line user errors."""
     message = error.message if isinstance(error, tf.errors.OpError) else str(error)
-    return message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message.strip())  # TensorFlow's op prefix
+    return message.splitlines()[0] if message else type(error).__name__

@@ -21,7 +21,7 @@ from absl import app, flags  # noqa: E402
 from params import experiment  # noqa: E402
 from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
-from trainer import tf_startup  # noqa: E402
+from trainer import signals, tf_startup  # noqa: E402
 
 MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets", "profile_pipeline")
 
@@ -88,6 +88,12 @@ flags.DEFINE_bool(
     "Go on in a logdir whose params.txt names another experiment, other model shapes than its "
     "checkpoint, or a finished run with changed settings (the logdir guard stops these by default).",
 )
+flags.DEFINE_bool(
+    "gin_allow_code",
+    False,
+    "Trust --gin_file/--gin_param as code: allow gin's import, include, @references, macros and "
+    "scopes, which import and call arbitrary Python. Off: gin only sets experiment knobs to literals.",
+)
 
 
 HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
@@ -116,6 +122,7 @@ def resolve_params() -> Params:
         gin_bindings=FLAGS.gin_param,
         params_file_override=FLAGS.params_file_override,
         params_override=FLAGS.params_override,
+        gin_allow_code=FLAGS.gin_allow_code,
     )
 
 
@@ -132,6 +139,10 @@ def inspect_datasets(root: Params) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {' '.join(argv[1:])!r} (flags need --name=value)")
+    if FLAGS["job"].present and (not FLAGS.job or not all(j.strip() for j in FLAGS.job)):
+        raise ConfigError(
+            f"--job: empty job name in {','.join(FLAGS.job)!r} (leave --job out to run all jobs)"
+        )
     root = resolve_params()
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
@@ -163,6 +174,9 @@ def run() -> None:
     """Entry point: one clear line and a non-zero exit for anything the user can fix."""
     if "BUILD_WORKING_DIRECTORY" in os.environ:  # bazel run: relative paths mean the user's cwd
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])
+    sys.stderr.reconfigure(errors="backslashreplace")  # an undecodable argument echoed in an error
+    sys.stdout.reconfigure(errors="backslashreplace")
+    signals.install()
     tf_startup.import_tensorflow()
 
     def _main(argv: list[str]) -> None:
@@ -174,6 +188,9 @@ def run() -> None:
         except KeyboardInterrupt:
             print("trainer: interrupted; the last saved checkpoint is intact", file=sys.stderr)
             sys.exit(130)
+        except signals.Terminated as e:
+            print(f"trainer: {e}", file=sys.stderr)
+            sys.exit(signals.EXIT_CODE)
 
     app.run(_main, flags_parser=_parse_flags)
 

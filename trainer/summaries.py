@@ -7,7 +7,8 @@ summary costs nothing on steps that write none. TF2 stores scalars as tensors; T
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 
@@ -26,19 +27,29 @@ class SummaryWriter:
         except (tf.errors.OpError, OSError) as e:
             raise UserError(f"cannot write summaries to {directory}: {files.reason(e)}") from None
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed write (a full disk) is one UserError line, not a traceback."""
+        try:
+            yield
+        except (tf.errors.OpError, OSError) as e:
+            raise UserError(f"cannot write summaries to {self.directory}: {files.reason(e)}") from None
+
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        with self._writer.as_default(step=int(step)):
+        with self._writing(), self._writer.as_default(step=int(step)):
             for name, value in sorted(values.items()):
                 tf.summary.scalar(name, float(value))
 
     def text(self, step: int, name: str, text: str) -> None:
         """A text summary, shown as preformatted text (each line indented: markdown code)."""
         body = "".join(f"    {line}\n" for line in text.splitlines())
-        with self._writer.as_default(step=int(step)):
+        with self._writing(), self._writer.as_default(step=int(step)):
             tf.summary.text(name, body)
 
     def flush(self) -> None:
-        self._writer.flush()
+        with self._writing():
+            self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        with self._writing():
+            self._writer.close()

@@ -26,7 +26,8 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import distributed, files, logdir_guard, mesh_setup, model_analysis, progress
+from trainer import checkpointer as checkpointer_lib
+from trainer import distributed, files, logdir_guard, mesh_setup, model_analysis, progress, signals
 from trainer.checkpointer import Checkpointer
 from trainer.lock import TrainerLock
 from trainer.summaries import SummaryWriter
@@ -81,6 +82,8 @@ class TrainLoop:
             raise UserError(f"cannot create {self.train_dir}: {files.reason(e)}") from None
         self._lock.acquire()
         try:
+            checkpointer_lib.check_state(self.train_dir)  # before anything is written
+            checkpointer_lib.remove_orphan_temps(self.train_dir, self._log)  # only with the LOCK held
             self._setup()
         except BaseException:
             self.close()
@@ -165,9 +168,16 @@ class TrainLoop:
         p = self.train
         max_steps = int(p.max_steps)
         until = max_steps if until_step is None else min(until_step, max_steps)
+        with signals.deferred() as sigterm:
+            return self._run(until, max_steps, sigterm)
+
+    def _run(self, until: int, max_steps: int, sigterm: signals.Flag) -> int:
+        p = self.train
         summary_rate, log_rate = _Rate(self.step), _Rate(self.step)
         last_save_time = time.perf_counter()
         while self.step < until:
+            if sigterm.raised:
+                self._terminate()
             stop = self._next_stop(self.step, until, self._steps_per_call)
             start = time.perf_counter()
             finite, outputs = self._run_chunk(stop - self.step)
@@ -196,7 +206,23 @@ class TrainLoop:
                 last_save_time = time.perf_counter()
         if self.is_chief and self.step >= max_steps and self.checkpointer.latest_step != self.step:
             self.save()
+        if sigterm.raised:
+            self._terminate()
         return self.step
+
+    def _terminate(self) -> None:
+        """SIGTERM: save at the current step (unless saved already), then stop; the LOCK is released
+        on the way out (``close()``)."""
+        if self.is_chief and self.checkpointer.latest_step != self.step:
+            if not bool(self.step_fn.weights_finite().numpy()):
+                raise signals.Terminated(f"terminated by SIGTERM at step {self.step}; not saved (NaN/Inf)")
+            path = self.checkpointer.save(self.step)
+            self._writer.flush()
+            self._log(f"trainer: saved {path}")
+        raise signals.Terminated(
+            f"terminated by SIGTERM at step {self.step}; saved {self.checkpointer.latest_path}; run the "
+            "same command to resume from it"
+        )
 
     def _write_summaries(self, outputs: dict, steps_per_sec: float) -> None:
         values = {

@@ -1,0 +1,44 @@
+"""The kill drill, short: one SIGKILL of each kind (save, random, eval, start-up) on the linear model.
+
+The full drill (``python -m tools.kill_drill --kills=20``) is run by hand; this keeps the tool working.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer import linear_experiment, runner
+
+
+@pytest.mark.slow
+def test_short_kill_drill_ends_like_an_uninterrupted_run(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, count, seed in (("train", 256, 1), ("dev", 64, 2), ("test", 24, 3)):
+        linear_experiment.write_data(str(data / f"{name}.npz"), count, seed)
+    override = runner.data_override(data) + (
+        "; task.train.max_steps : 3000; task.train.save_interval_steps : 100; "
+        "task.train.log_interval_steps : 100; task.train.summary_interval_steps : 100"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.kill_drill",
+            "--kills=4",
+            f"--model={runner.MODEL}",
+            f"--params_override={override}",
+            f"--workdir={tmp_path / 'work'}",
+        ],
+        cwd=runner.REPO,
+        env=runner._env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0 and summary["ok"], summary
+    assert summary["sigkills"] == 4 and summary["max_abs_diff"] == 0.0
+    assert summary["temp_dirs_left"] == [] and not any(summary["scores_duplicates"].values())
