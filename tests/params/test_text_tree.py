@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 
 from params import experiment, text_format
@@ -27,9 +25,10 @@ tpu : SomeUnknownObject
 
 def test_builds_a_lingvo_params_txt_without_its_classes():
     p = Params.from_text(LINGVO_TEXT)
-    assert isinstance(p, InstantiableParams) and p.cls is collections.OrderedDict
+    # Modules outside the project are never imported from text: their classes stay text.
+    assert not isinstance(p, InstantiableParams) and p.cls == "type/collections/OrderedDict"
     assert p.fprop_dtype is None and p.vn.global_vn is False and p.softmax.num_classes == 32000
-    assert p.activation_fn is collections.namedtuple
+    assert p.activation_fn == "callable/collections/namedtuple"
     assert [layer.dims for layer in p.stack] == [[512, 512], [512]]
     assert p.tpu == "SomeUnknownObject"  # what no grammar reads stays text
     assert p.dtype.name == "float32"
