@@ -300,3 +300,18 @@ class BaseLayer(tf.Module):
 
     def num_parameters(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.variables))
+
+
+def layers_of_type(root: Any, cls: type) -> list:
+    """Every layer of type ``cls`` under ``root`` (a layer, or a list of them), depth first."""
+    found: list = []
+    stack = [root]
+    while stack:
+        layer = stack.pop()
+        if isinstance(layer, (list, tuple)):
+            stack.extend(reversed(layer))
+        elif isinstance(layer, BaseLayer):
+            if isinstance(layer, cls):
+                found.append(layer)
+            stack.extend(reversed(list(layer.children().values())))
+    return found

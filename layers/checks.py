@@ -11,7 +11,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from layers.base_layer import BaseLayer
 from params.errors import ConfigError
+from params.hyperparams import InstantiableParams
 
 
 def positive_int(layer: Any, name: str) -> int:
@@ -74,3 +76,18 @@ def float_input(layer: Any, x: Any) -> tf.Tensor:
 def accumulation_dtype(dtype: tf.DType) -> tf.DType:
     """The dtype for statistics and losses: float64 for float64 layers, float32 otherwise."""
     return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def layer_params_list(layer: Any, name: str, allow_none: bool = False) -> list:
+    """``layer.params.<name>`` as a list of layer Params (None entries too, with ``allow_none``)."""
+    value = layer.params.get(name)
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{layer.path}: params.{name} must be a list of layer Params, got {value!r}")
+    for i, item in enumerate(value):
+        if item is None and allow_none:
+            continue
+        if not isinstance(item, InstantiableParams) or not (
+            isinstance(item.cls, type) and issubclass(item.cls, BaseLayer)
+        ):
+            raise ConfigError(f"{layer.path}: params.{name}[{i}] must be a layer's Params (Layer.Params())")
+    return list(value)

@@ -40,7 +40,7 @@ import tensorflow as tf
 from absl import logging
 
 from layers import checks, partition
-from layers.base_layer import BaseLayer, FPropContext
+from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 
@@ -118,7 +118,7 @@ class GPipeLayer(BaseLayer):
                 f"{self.path}: set num_micro_batches ({self._num_micro_batches}) or micro_batch_size "
                 f"({self._micro_batch_size}), not both"
             )
-        layers, stages = _layer_params_list(self, "layers"), _layer_params_list(self, "stages")
+        layers, stages = checks.layer_params_list(self, "layers"), checks.layer_params_list(self, "stages")
         if bool(layers) == bool(stages):
             raise ConfigError(f"{self.path}: set exactly one of params.layers and params.stages")
         num_stages = _non_negative_int(self, "num_stages")
@@ -713,33 +713,6 @@ def _non_negative_int(layer: BaseLayer, name: str) -> int:
     return value
 
 
-def _layer_params_list(layer: BaseLayer, name: str) -> list[Params]:
-    value = layer.params.get(name)
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{layer.path}: params.{name} must be a list of layer Params, got {value!r}")
-    for i, item in enumerate(value):
-        if not isinstance(item, InstantiableParams) or not (
-            isinstance(item.cls, type) and issubclass(item.cls, BaseLayer)
-        ):
-            raise ConfigError(f"{layer.path}: params.{name}[{i}] must be a layer's Params (Layer.Params())")
-    return list(value)
-
-
 def partition_reports(root: BaseLayer) -> str:
     """The partition reports of every GPipeLayer under ``root`` (for a task's model analysis)."""
-    reports = []
-
-    def visit(layer: Any) -> None:
-        if isinstance(layer, (list, tuple)):
-            for item in layer:
-                visit(item)
-            return
-        if not isinstance(layer, BaseLayer):
-            return
-        if isinstance(layer, GPipeLayer):
-            reports.append(layer.partition_report())
-        for child in layer.children().values():
-            visit(child)
-
-    visit(root)
-    return "\n\n".join(reports)
+    return "\n\n".join(layer.partition_report() for layer in layers_of_type(root, GPipeLayer))

@@ -33,7 +33,7 @@ import tensorflow as tf
 from absl import logging
 
 from layers import checks, partition
-from layers.base_layer import BaseLayer, FPropContext
+from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from layers.core import LayerNorm, SoftmaxLayer
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
@@ -107,7 +107,7 @@ class LocalParallelLayer(BaseLayer):
         super().__init__(params, parent)
         p = self.params
         method = checks.one_of(self, "partition_method", partition.METHODS)
-        layers = _layer_params_list(self, "layers", allow_none=False)
+        layers = checks.layer_params_list(self, "layers")
         if not layers:
             raise ConfigError(f"{self.path}: params.layers must list at least one layer")
         self._bounds, costs = self._cut(layers, method)
@@ -125,7 +125,7 @@ class LocalParallelLayer(BaseLayer):
         for i, (lp, b) in enumerate(zip(layers, block_of)):
             with _on(self._devices[b]):
                 self._layers.append(self.create_child(lp.name or f"layer_{i}", lp))
-        heads = _layer_params_list(self, "aux_heads", allow_none=True)
+        heads = checks.layer_params_list(self, "aux_heads", allow_none=True)
         if len(heads) != k - 1:
             raise ConfigError(
                 f"{self.path}: params.aux_heads has {len(heads)} entries for {k} blocks; give one head "
@@ -548,35 +548,6 @@ def _on(device: str | None) -> contextlib.AbstractContextManager:
     return tf.device(device) if device else contextlib.nullcontext()
 
 
-def _layer_params_list(layer: BaseLayer, name: str, allow_none: bool) -> list[Params | None]:
-    value = layer.params.get(name)
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{layer.path}: params.{name} must be a list of layer Params, got {value!r}")
-    for i, item in enumerate(value):
-        if item is None and allow_none:
-            continue
-        if not isinstance(item, InstantiableParams) or not (
-            isinstance(item.cls, type) and issubclass(item.cls, BaseLayer)
-        ):
-            raise ConfigError(f"{layer.path}: params.{name}[{i}] must be a layer's Params (Layer.Params())")
-    return list(value)
-
-
 def local_reports(root: BaseLayer) -> str:
     """The block reports of every LocalParallelLayer under ``root``."""
-    reports = []
-
-    def visit(layer: Any) -> None:
-        if isinstance(layer, (list, tuple)):
-            for item in layer:
-                visit(item)
-            return
-        if not isinstance(layer, BaseLayer):
-            return
-        if isinstance(layer, LocalParallelLayer):
-            reports.append(layer.partition_report())
-        for child in layer.children().values():
-            visit(child)
-
-    visit(root)
-    return "\n\n".join(reports)
+    return "\n\n".join(layer.partition_report() for layer in layers_of_type(root, LocalParallelLayer))

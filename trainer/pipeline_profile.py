@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from layers import pipeline_schedule as schedules
 from layers import pipeline_simulator as simulator
-from layers.base_layer import BaseLayer
+from layers.base_layer import layers_of_type
 from layers.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
@@ -132,30 +132,17 @@ def measured_costs(evs: list[schedules.Event], num_stages: int) -> simulator.Sta
     )
 
 
-def find_pipeline(root: BaseLayer) -> GPipeLayer | None:
-    """The first GPipeLayer under ``root`` (depth first), or None."""
-    stack: list[Any] = [root]
-    while stack:
-        layer = stack.pop(0)
-        if isinstance(layer, (list, tuple)):
-            stack[:0] = list(layer)
-        elif isinstance(layer, GPipeLayer):
-            return layer
-        elif isinstance(layer, BaseLayer):
-            stack[:0] = list(layer.children().values())
-    return None
-
-
 def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
     """Profiles one step of ``root``'s experiment and writes the pictures; see the module doc."""
     cluster.configure(root.cluster)
     step = TrainStep(root.task, root.input.train)
-    pipeline = find_pipeline(step.task)
-    if pipeline is None:
+    pipelines = layers_of_type(step.task, GPipeLayer)
+    if not pipelines:
         raise ConfigError(
             f"{root.model} has no GPipe layer: --mode=profile_pipeline pictures a pipelined step "
             "(e.g. image.digits.GPipeConvNet)"
         )
+    pipeline = pipelines[0]
     compiled = step.gradients_function()
     compiled()  # compile and warm up outside the profile
     evs = pipeline_events(op_events(lambda: tf.nest.map_structure(lambda t: t.numpy(), compiled())))
