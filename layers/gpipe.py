@@ -1,14 +1,21 @@
 """GPipe: a sequence of layers cut into K stages on K devices, fed M micro-batches as a pipeline.
 
-Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the fill-drain order inside
-the caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
-oneDNN ones, 4x slower): at clock t stage k runs micro-batch t - k, with its ops placed on
-``devices[k]``, so TensorFlow's executor overlaps the stages (tests/layers/test_gpipe_proofs.py
-checks the placement of every stage op and the overlap in a profiled step). Each stage takes
-micro-batch m + 1 only after m (forward), and in the backward pass runs m only after m + 1. With
-``remat=always`` a stage keeps only its inputs between its forward and backward passes, and holds
-one micro-batch's activations at a time (its recompute); with ``never`` it keeps every micro-batch's
-activations until their backward pass, and with ``except_last`` the last micro-batch's.
+Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the stages' work inside the
+caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
+oneDNN ones, 4x slower), with stage k's ops placed on ``devices[k]``, so TensorFlow's executor overlaps
+the stages (tests/layers/test_gpipe_proofs.py checks the placement of every stage op and the overlap
+in a profiled step). ``params.schedule`` orders each stage's forwards and backwards in the graph, as
+``layers.pipeline_schedule.stage_orders`` lists them (``layers.pipeline_stage.StageOrder``):
+
+- ``fill_drain`` (GPipe): every forward (at clock t stage k runs micro-batch t - k), then every
+  backward from the last micro-batch to the first. Between the two a stage holds all M micro-batches:
+  with ``remat=always`` only their inputs (and one micro-batch's activations at a time, its
+  recompute), with ``never`` every activation, with ``except_last`` the last micro-batch's too.
+- ``one_f_one_b`` (1F1B, PipeDream-flush): stage k runs K - k forwards, then alternates one backward
+  and one forward, so it holds at most K - k micro-batches; same bubble, same gradients. A backward
+  runs before later forwards, so each micro-batch's output gradient must not depend on later
+  micro-batches: the loss is computed per micro-batch in the last stage (a ``head``); a loss on the
+  joined outputs is refused with a ConfigError when the step is traced.
 
 A ``head`` (``fprop(ctx, x, head=...)``) runs in the last stage on each micro-batch's output with its
 share of ``head_inputs``: the tasks compute their per-example loss there. The micro-batch split's
@@ -31,20 +38,21 @@ which is also what the pipeline trains (equal to the unpipelined model at M=1).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
-from layers import checks, partition
+from layers import checks, partition, pipeline_devices
+from layers import pipeline_schedule as schedules
+from layers import pipeline_stage as stage_ops
 from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 
-REMAT_POLICIES = ("always", "except_last", "never")
+REMAT_POLICIES = schedules.REMAT_POLICIES
+SCHEDULES = schedules.SCHEDULES
 
 StageFn = Callable[[FPropContext, Any], Any]
 HeadFn = Callable[[FPropContext, Any, Any], Any]
@@ -104,11 +112,21 @@ class GPipeLayer(BaseLayer):
             "pass), except_last (all micro-batches but the last, whose backward follows its forward at "
             "once), never (keep every activation; fastest, most memory).",
         )
+        p.define(
+            "schedule",
+            "fill_drain",
+            "The order of each stage's forwards and backwards in a training step: fill_drain (GPipe: "
+            "every forward, then every backward; a stage holds all M micro-batches in between) or "
+            "one_f_one_b (1F1B: after K - k forwards stage k alternates one backward and one forward, "
+            "so it holds at most K - k; same bubble, same gradients; needs the loss computed per "
+            "micro-batch in the last stage, fprop(..., head=...), as the tasks do).",
+        )
         return p
 
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
         self._remat = checks.one_of(self, "remat", REMAT_POLICIES)
+        self._schedule = checks.one_of(self, "schedule", schedules.SCHEDULES)
         method = checks.one_of(self, "partition_method", partition.METHODS)
         self._batch_dim = _non_negative_int(self, "batch_dim")
         self._num_micro_batches = checks.positive_int(self, "num_micro_batches")
@@ -190,7 +208,7 @@ class GPipeLayer(BaseLayer):
         built = []
         for i, (params, device) in enumerate(zip(params_list, devices)):
             name = params.name or f"{prefix}_{i}"
-            with _on(device):
+            with pipeline_devices.on(device):
                 if attach:
                     built.append(self.create_child(name, params))
                 else:
@@ -241,26 +259,7 @@ class GPipeLayer(BaseLayer):
         return self._costs["seconds"]
 
     def _resolve_devices(self, k: int) -> list[str | None]:
-        explicit = list(self.params.devices)
-        if explicit:
-            if len(explicit) != k:
-                raise ConfigError(
-                    f"{self.path}: params.devices lists {len(explicit)} devices for {k} stages; "
-                    "give one device per stage"
-                )
-            return explicit
-        if k == 1:
-            return [None]
-        gpus = tf.config.list_logical_devices("GPU")
-        if len(gpus) >= k:
-            return [_short_device(d.name) for d in gpus[:k]]
-        cpus = tf.config.list_logical_devices("CPU")
-        if len(cpus) >= k:
-            return [_short_device(d.name) for d in cpus[:k]]
-        raise ConfigError(
-            f"{self.path}: {k} pipeline stages need {k} devices but there are {len(cpus)} logical CPU "
-            f"devices and {len(gpus)} GPUs; set cluster.num_logical_cpu_devices={k} (or params.devices)"
-        )
+        return pipeline_devices.resolve(self.path, list(self.params.devices), k, "stage")
 
     def _make_report(self, method: str) -> str:
         k = self.num_stages
@@ -274,7 +273,7 @@ class GPipeLayer(BaseLayer):
         )
         title = (
             f"GPipe {self.path}: {len(self._layers)} layers in {k} stages ({how}), {micro}, "
-            f"remat={self._remat}"
+            f"remat={self._remat}, schedule={self._schedule}"
         )
         num_params = [x.num_parameters() for x in self._layers]
         names = [x.params.name for x in self._layers]
@@ -376,14 +375,14 @@ class GPipeLayer(BaseLayer):
             if head is None:
                 return self._stage_fn(0)(ctx, x)
             return self._stage_fn(0, head)(ctx, (x, head_inputs))
-        with _on(self._devices[0]), tf.name_scope("split_micro_batches"):
+        with pipeline_devices.on(self._devices[0]), tf.name_scope("split_micro_batches"):
             micro = self._split(flat, ctx.training, device=self._devices[0])
         head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
         if head_flat:
-            with _on(self._devices[-1]), tf.name_scope("split_head_inputs"):
+            with pipeline_devices.on(self._devices[-1]), tf.name_scope("split_head_inputs"):
                 head_micro = self._split(head_flat, ctx.training, len(micro), self._devices[-1])
         outputs, structure = self._run_schedule(ctx, micro, x, head, head_micro, head_inputs)
-        with _on(self._devices[-1]), tf.name_scope("join_micro_batches"):
+        with pipeline_devices.on(self._devices[-1]), tf.name_scope("join_micro_batches"):
             return tf.nest.pack_sequence_as(structure, self._join(outputs))
 
     def _run_schedule(
@@ -395,17 +394,17 @@ class GPipeLayer(BaseLayer):
         head_micro: list[list[tf.Tensor]] | None = None,
         head_structure: Any = None,
     ) -> tuple:
-        """The fill-drain order: at clock t, stage k runs micro-batch t - k on ``devices[k]``; the
-        last stage also runs the head, on its share of the head inputs."""
+        """Builds the forwards in clock order (at clock t stage k runs micro-batch t - k on
+        ``devices[k]``; the last stage also runs the head, on its share of the head inputs); the
+        schedule then orders each stage's forwards and backwards in the graph (``StageOrder``)."""
         k_stages, m_count = self.num_stages, len(micro)
         head_micro = head_micro or [[] for _ in range(m_count)]
-        remat = [
-            self._remat == "always" or (self._remat == "except_last" and m < m_count - 1)
-            for m in range(m_count)
-        ]
+        remat = schedules.remat_micro_batches(self._remat, m_count)
         # An unpipelined step without remat needs no custom gradient: the plain layers are cheaper.
         custom = ctx.training and (k_stages > 1 or m_count > 1 or any(remat))
-        state = _BackwardState()
+        if custom:
+            order = stage_ops.StageOrder(self.path, self._schedule, k_stages, m_count)
+            state = stage_ops.BackwardState(order, ascending=self._schedule == "one_f_one_b")
         current = list(micro)
         structures = [structure] * m_count
         previous: list[list[tf.Tensor] | None] = [None] * k_stages
@@ -414,13 +413,16 @@ class GPipeLayer(BaseLayer):
                 m = t - k
                 last = k == k_stages - 1 and head is not None
                 fn = self._stage_fn(k, head if last else None)
-                with _on(self._devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
-                    xs = current[m] if previous[k] is None else _after(current[m], previous[k])
+                with pipeline_devices.on(self._devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
                     s_in = (structures[m], head_structure) if last else structures[m]
-                    xs_in = xs + head_micro[m] if last else xs
+                    xs_in = current[m] + head_micro[m] if last else current[m]
                     if custom:
-                        call = _StageCall(fn, ctx, m, k, self._devices[k], remat[m], state)
-                        ys, structures[m] = call(xs_in, s_in)
+                        call = stage_ops.StageCall(
+                            fn, ctx, m, k, self._devices[k], remat[m], state, order, k == k_stages - 1
+                        )
+                        # Micro-batch m's inputs wait for the stage's previous outputs: the tape then
+                        # runs a stage's backwards from the last micro-batch to the first.
+                        ys, structures[m] = call(xs_in, s_in, previous[k])
                     else:
                         y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))
                         ys, structures[m] = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)], y
@@ -438,7 +440,7 @@ class GPipeLayer(BaseLayer):
                     f"{self._batch_dim} to concatenate micro-batches along"
                 )
             parts = [out[i] for out in outputs]
-            joined.append(_concat_with_grad_on(self._devices[-1], parts, self._batch_dim))
+            joined.append(stage_ops.concat_with_grad_on(self._devices[-1], parts, self._batch_dim))
         return joined
 
     def _split(
@@ -453,7 +455,7 @@ class GPipeLayer(BaseLayer):
             m_count = m_count or self.num_micro_batches_for(batch)
             if m_count == 1:
                 return [list(flat)]
-            parts = [_split_with_grad_on(device, t, m_count, bd) for t in flat]
+            parts = [stage_ops.split_with_grad_on(device, t, m_count, bd) for t in flat]
             return [[p[m] for p in parts] for m in range(m_count)]
         size = flat[0].shape[bd]
         if m_count is None and not self._micro_batch_size:
@@ -484,228 +486,7 @@ class GPipeLayer(BaseLayer):
         return sizes.pop()
 
 
-# ------------------------------------------------------------------------------------ the stage op
-class _BackwardState:
-    """What the backward passes of one fprop's stages share.
-
-    The tape calls a stage's gradient functions at most once per micro-batch, m = M-1 down to 0 (the
-    ordering op ``_after`` makes the tape finish micro-batch m + 1 of a stage before m). Each adds its
-    weight gradients to the stage's running sums, so one gradient per weight is alive rather than M,
-    and micro-batch 0's call hands the sums to the tape. Micro-batch 0 is always called when any
-    micro-batch of its stage is: ``_after`` gives its ordering inputs a zero gradient, which chains
-    every micro-batch of a stage to the one before it. So a loss that leaves some micro-batches without
-    a gradient still gets every other micro-batch's weight gradients. Each backward also waits for the
-    previous one of its stage (``wait_for``).
-    """
-
-    def __init__(self) -> None:
-        self._sums: dict[int, dict[Any, Any]] = {}
-        self._last: dict[int, list[tf.Tensor]] = {}
-
-    def wait_for(self, k: int) -> list[tf.Tensor]:
-        return list(self._last.get(k, []))
-
-    def add(
-        self,
-        k: int,
-        m: int,
-        variables: list[tf.Variable],
-        var_grads: list[Any],
-        input_grads: list[Any],
-    ) -> list[Any]:
-        sums = self._sums.setdefault(k, {})
-        for v, g in zip(variables, var_grads):
-            if g is not None:
-                sums[v.ref()] = g if v.ref() not in sums else _add_grads(sums[v.ref()], g)
-        if m > 0:
-            markers = [_dense_part(g) for g in sums.values()] or [g for g in input_grads if g is not None]
-            self._last[k] = markers or self._last.get(k, [])
-            return [None] * len(variables)
-        self._sums[k], self._last[k] = {}, []
-        return [sums.get(v.ref()) for v in variables]
-
-
-class _StageCall:
-    """One (stage, micro-batch) as a custom-gradient op: forward now, backward when the tape asks."""
-
-    def __init__(
-        self,
-        fn: StageFn,
-        ctx: FPropContext,
-        m: int,
-        k: int,
-        device: str | None,
-        remat: bool,
-        state: _BackwardState,
-    ) -> None:
-        self._fn, self._ctx, self._m, self._k = fn, ctx, m, k
-        self._device, self._remat, self._state = device, remat, state
-
-    def __call__(self, xs: list[tf.Tensor], structure: Any) -> tuple[list[tf.Tensor], Any]:
-        box: dict[str, Any] = {}
-
-        @tf.custom_gradient
-        def stage(*args: tf.Tensor) -> Any:
-            args = list(args)
-            fwd_ctx = self._ctx.for_micro_batch(self._m)
-            if self._remat:
-                tape = None
-                y = self._fn(fwd_ctx, tf.nest.pack_sequence_as(structure, args))
-            else:
-                with tf.GradientTape(persistent=True) as tape:
-                    tape.watch([a for a in args if a.dtype.is_floating])
-                    y = self._fn(fwd_ctx, tf.nest.pack_sequence_as(structure, args))
-            ys = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)]
-            box["structure"] = y
-
-            def grad(*dys: tf.Tensor, variables: list[tf.Variable] | None = None) -> Any:
-                variables = list(variables or [])
-                dys = [tf.zeros_like(y) if d is None else d for y, d in zip(ys, dys)]
-                with _on(self._device), tf.name_scope(f"stage_{self._k}_micro_batch_{self._m}_grad"):
-                    if self._remat:
-                        grads = self._recompute_grads(args, dys, variables, structure)
-                    else:
-                        wait = self._state.wait_for(self._k)
-                        if wait:
-                            with tf.control_dependencies(wait):
-                                dys = [tf.identity(d) for d in dys]
-                        grads = _gradients(tape, ys, dys, args + variables)
-                    dxs, dvs = grads[: len(args)], grads[len(args) :]
-                    dvs = self._state.add(self._k, self._m, variables, dvs, dxs)
-                return (dxs, dvs) if variables else dxs
-
-            return ys, grad
-
-        ys = stage(*xs)
-        return list(ys), box["structure"]
-
-    def _recompute_grads(
-        self, args: list[tf.Tensor], dys: list[tf.Tensor], variables: list[tf.Variable], structure: Any
-    ) -> list[Any]:
-        # The zero depends on the output gradient (and on the previous backward of this stage): the
-        # recompute starts only then, and its ops differ from the forward's, so grappler cannot merge
-        # them back into one (which would keep the activations alive after all).
-        zero = _zero_after(dys, self._state.wait_for(self._k))
-        with tf.control_dependencies([zero]):
-            xs = [tf.identity(a) for a in args]
-        step = tf.cast(self._ctx.step, tf.int64) + tf.cast(zero, tf.int64)
-        ctx = dataclasses.replace(self._ctx.for_micro_batch(self._m, record_updates=False), step=step)
-        with tf.GradientTape() as tape, tf.name_scope("recompute"):
-            tape.watch([x for x in xs if x.dtype.is_floating])
-            tape.watch(variables)
-            y = self._fn(ctx, tf.nest.pack_sequence_as(structure, xs))
-        ys = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)]
-        return _gradients(tape, ys, dys, xs + variables)
-
-
-def _gradients(tape: tf.GradientTape, ys: list[tf.Tensor], dys: list[tf.Tensor], sources: list[Any]) -> list:
-    pairs = [(y, d) for y, d in zip(ys, dys) if y.dtype.is_floating]
-    if not pairs:
-        return [None] * len(sources)
-    targets, grads = zip(*pairs)
-    return tape.gradient(list(targets), sources, output_gradients=list(grads))
-
-
-def _after(xs: list[tf.Tensor], deps: list[tf.Tensor]) -> list[tf.Tensor]:
-    """``xs``, available only once ``deps`` are. Gradients pass straight through to ``xs``; the
-    floating ``deps`` get a zero gradient: the tape then finishes the ops that consume ``xs`` before
-    those producing ``deps``, and reaches the producers of ``deps`` whenever it reaches ``xs``'s
-    consumers (``_BackwardState`` relies on both)."""
-    n = len(xs)
-
-    @tf.custom_gradient
-    def after(*args: tf.Tensor) -> Any:
-        with tf.control_dependencies(args[n:]):
-            out = [tf.identity(a) for a in args[:n]]
-
-        def grad(*dys: tf.Tensor) -> list:
-            return list(dys) + [_zeros_for(d) for d in args[n:]]
-
-        return out, grad
-
-    return list(after(*xs, *deps))
-
-
-def _zeros_for(t: tf.Tensor) -> tf.Tensor | None:
-    """A zero gradient for ``t`` that does not keep ``t`` alive (None for non-float tensors)."""
-    if not t.dtype.is_floating:
-        return None
-    if t.shape.is_fully_defined():
-        return tf.zeros(t.shape, t.dtype)
-    return tf.zeros_like(t)
-
-
-def _split_with_grad_on(device: str | None, x: tf.Tensor, num: int, axis: int) -> list[tf.Tensor]:
-    """``tf.split(x, num, axis)`` whose gradient (the parts' gradients concatenated) runs on
-    ``device``: the first stage's, not wherever the tape happens to be."""
-
-    @tf.custom_gradient
-    def split(x: tf.Tensor) -> Any:
-        def grad(*dys: Any) -> tf.Tensor:
-            with _on(device), tf.name_scope("split_micro_batches_grad"):
-                parts = tf.split(tf.zeros_like(x), num, axis=axis) if any(d is None for d in dys) else []
-                dense = [tf.convert_to_tensor(d) if d is not None else parts[i] for i, d in enumerate(dys)]
-                return tf.concat(dense, axis=axis)
-
-        return tf.split(x, num, axis=axis), grad
-
-    if not x.dtype.is_floating:
-        return tf.split(x, num, axis=axis)
-    return list(split(x))
-
-
-def _concat_with_grad_on(device: str | None, parts: list[tf.Tensor], axis: int) -> tf.Tensor:
-    """``tf.concat(parts, axis)`` whose gradient (the output gradient split back into micro-batches)
-    runs on ``device``: the last stage's."""
-    if not parts[0].dtype.is_floating:
-        return tf.concat(parts, axis=axis)
-
-    @tf.custom_gradient
-    def concat(*parts: tf.Tensor) -> Any:
-        def grad(dy: Any) -> list[tf.Tensor]:
-            with _on(device), tf.name_scope("join_micro_batches_grad"):
-                sizes = tf.stack([tf.shape(p)[axis] for p in parts])
-                return tf.split(tf.convert_to_tensor(dy), sizes, axis=axis, num=len(parts))
-
-        return tf.concat(parts, axis=axis), grad
-
-    return concat(*parts)
-
-
-def _zero_after(tensors: list[tf.Tensor], deps: list[tf.Tensor]) -> tf.Tensor:
-    """A float32 zero computed from ``tensors[0]``'s data, after ``tensors`` and ``deps`` exist."""
-    with tf.control_dependencies(list(deps) + list(tensors[1:])):
-        elem = tf.reduce_max(tf.cast(tf.reshape(tensors[0], [-1])[:1], tf.float32))
-    return tf.where(tf.math.is_finite(elem), elem * 0.0, 0.0)
-
-
-def _add_grads(a: Any, b: Any) -> Any:
-    if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
-        a, b = (x if isinstance(x, tf.IndexedSlices) else _as_slices(x) for x in (a, b))
-        return tf.IndexedSlices(
-            tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape
-        )
-    return a + b
-
-
-def _as_slices(x: tf.Tensor) -> tf.IndexedSlices:
-    return tf.IndexedSlices(x, tf.range(tf.shape(x)[0]), tf.shape(x, out_type=tf.int64))
-
-
-def _dense_part(g: Any) -> tf.Tensor:
-    return g.values if isinstance(g, tf.IndexedSlices) else g
-
-
 # ----------------------------------------------------------------------------------------- helpers
-def _on(device: str | None) -> contextlib.AbstractContextManager:
-    """``tf.device(device)``, or nothing for None (the caller's device)."""
-    return tf.device(device) if device else contextlib.nullcontext()
-
-
-def _short_device(name: str) -> str:
-    return "/device:" + name.split("/device:")[-1]
-
-
 def _non_negative_int(layer: BaseLayer, name: str) -> int:
     value = layer.params.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

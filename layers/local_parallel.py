@@ -25,14 +25,13 @@ the gradient of the losses whose window holds k, and only of them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
-from layers import checks, partition
+from layers import checks, partition, pipeline_devices
 from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from layers.core import LayerNorm, SoftmaxLayer
 from params.errors import ConfigError
@@ -123,7 +122,7 @@ class LocalParallelLayer(BaseLayer):
         block_of = [b for b in range(k) for _ in range(self._bounds[b], self._bounds[b + 1])]
         self._layers = []
         for i, (lp, b) in enumerate(zip(layers, block_of)):
-            with _on(self._devices[b]):
+            with pipeline_devices.on(self._devices[b]):
                 self._layers.append(self.create_child(lp.name or f"layer_{i}", lp))
         heads = checks.layer_params_list(self, "aux_heads", allow_none=True)
         if len(heads) != k - 1:
@@ -139,7 +138,7 @@ class LocalParallelLayer(BaseLayer):
                 continue
             if hp is None:
                 raise ConfigError(f"{self.path}: params.aux_heads[{b}] is None but block {b} has a loss")
-            with _on(self._devices[b]):
+            with pipeline_devices.on(self._devices[b]):
                 self._heads.append(self.create_child(f"aux_head_{b}", hp))
         self._heads.append(None)
         self._state: list[list[tf.Variable]] | None = None  # slot k's variables at index k - 1
@@ -199,25 +198,7 @@ class LocalParallelLayer(BaseLayer):
             raise ConfigError(f"{self.path}: {e}") from None
 
     def _resolve_devices(self, k: int) -> list[str | None]:
-        explicit = list(self.params.devices)
-        if explicit:
-            if len(explicit) != k:
-                raise ConfigError(
-                    f"{self.path}: params.devices lists {len(explicit)} devices for {k} blocks; give one "
-                    "device per block"
-                )
-            return explicit
-        if k == 1:
-            return [None]
-        for kind in ("GPU", "CPU"):
-            found = tf.config.list_logical_devices(kind)
-            if len(found) >= k:
-                return ["/device:" + d.name.split("/device:")[-1] for d in found[:k]]
-        raise ConfigError(
-            f"{self.path}: {k} blocks need {k} devices but there are "
-            f"{len(tf.config.list_logical_devices('CPU'))} logical CPU devices; set "
-            f"cluster.num_logical_cpu_devices={k} (or params.devices)"
-        )
+        return pipeline_devices.resolve(self.path, list(self.params.devices), k, "block")
 
     # --------------------------------------------------------------------------------- inspection
     @property
@@ -269,7 +250,7 @@ class LocalParallelLayer(BaseLayer):
         return max(0, k - self._window + 1)
 
     def _run_block(self, ctx: FPropContext, j: int, x: Any) -> Any:
-        with _on(self._devices[j]), tf.name_scope(f"block_{j}"):
+        with pipeline_devices.on(self._devices[j]), tf.name_scope(f"block_{j}"):
             for layer in self.block_layers(j):
                 x = layer(ctx, x)
         return x
@@ -293,7 +274,7 @@ class LocalParallelLayer(BaseLayer):
                 handoff = tf.nest.map_structure(tf.stop_gradient, z)
         aux = None
         if heads and self._has_loss[k] and k < k_last:
-            with _on(self._devices[k]), tf.name_scope(f"aux_head_{k}"):
+            with pipeline_devices.on(self._devices[k]), tf.name_scope(f"aux_head_{k}"):
                 aux = self._heads[k](ctx.for_micro_batch(k), z, targets)
             if not isinstance(aux, dict) or "loss" not in aux:
                 raise ConfigError(f"{self.path}: aux_head_{k} must return metrics with a 'loss' entry")
@@ -339,7 +320,7 @@ class LocalParallelLayer(BaseLayer):
         state = {}
         with tf.init_scope():
             for k, (_, flat) in specs.items():
-                with _on(self._devices[self._start(k)]):
+                with pipeline_devices.on(self._devices[self._start(k)]):
                     state[k] = [
                         tf.Variable(
                             tf.zeros(s.shape, s.dtype),
@@ -398,7 +379,7 @@ class LocalParallelLayer(BaseLayer):
     def _read_slot(self, k: int) -> tuple[Any, Any]:
         structure = self._slot_structure(k)
         n = len(tf.nest.flatten(structure))
-        with _on(self._devices[self._start(k)]), tf.name_scope(f"handoff_{k}"):
+        with pipeline_devices.on(self._devices[self._start(k)]), tf.name_scope(f"handoff_{k}"):
             values = [v.read_value() for v in self._state[k - 1]]
         return (
             tf.nest.pack_sequence_as(structure, values[:n]),
@@ -542,10 +523,6 @@ def _target(layer: BaseLayer, targets: Any, key: str) -> tf.Tensor:
         got = sorted(targets) if isinstance(targets, dict) else type(targets).__name__
         raise ConfigError(f"{layer.path}: targets need entry {key!r}, got {got}")
     return targets[key]
-
-
-def _on(device: str | None) -> contextlib.AbstractContextManager:
-    return tf.device(device) if device else contextlib.nullcontext()
 
 
 def local_reports(root: BaseLayer) -> str:

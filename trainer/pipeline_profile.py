@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from layers import pipeline_schedule as schedules
 from layers import pipeline_simulator as simulator
+from layers import pipeline_stage as stage_ops
 from layers.base_layer import layers_of_type
 from layers.gpipe import GPipeLayer
 from params.errors import ConfigError
@@ -72,7 +73,8 @@ def op_events(run: Callable[[], Any]) -> list[tuple[str, float, float]]:
 def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[schedules.Event]:
     """One event per (stage, micro-batch, kind) found in the ops' name scopes, times from the first.
 
-    A box spans its ops, less stragglers: ops with no input from the pipeline (a random key, a
+    The weight-gradient sums over micro-batches belong to no one box. A box spans its ops, less
+    stragglers: ops with no input from the pipeline (a random key, a
     shape) run whenever the executor likes, often at the very start of the step, and would stretch
     a box over time the stage spent elsewhere (see ``_trimmed``).
     """
@@ -80,11 +82,18 @@ def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[schedules.E
     for name, start, end in ops:
         scope, _, op_type = name.rpartition(":")
         matches = list(_SCOPE.finditer(scope))
-        if not matches or op_type in _IGNORED_TYPES:
+        if not matches or op_type in _IGNORED_TYPES or stage_ops.SUMS_SCOPE in scope.split("/"):
             continue
         match = matches[-1]  # the innermost: the tape nests a backward under its forward op's scope
-        backward = match[3] or "gradient_tape" in scope.split("/")
-        kind = schedules.RECOMPUTE if match[4] else schedules.BACKWARD if backward else schedules.FORWARD
+        # A recompute's own gradient ops are named gradient_tape/stage_k_micro_batch_m_grad/recompute/.
+        taped = "gradient_tape" in scope.split("/")
+        kind = (
+            schedules.BACKWARD
+            if taped or (match[3] and not match[4])
+            else schedules.RECOMPUTE
+            if match[4]
+            else schedules.FORWARD
+        )
         groups.setdefault((int(match[1]), int(match[2]), kind), []).append((start, end))
     if not groups:
         return []

@@ -83,7 +83,9 @@ class ImageClassifierTask(base_task.BaseTask):
             return {"xent": out["per_example_xent"] * w, "correct": correct * w, "weight": w}
 
         sums = pipeline(ctx, images, head=head, head_inputs={"label": labels, "weight": weights})
-        total = tf.reduce_sum(sums["weight"])
+        # The total from the batch, not from the pipeline's outputs: a loss normalized by those would
+        # make each micro-batch's gradient wait for every micro-batch's forward (1F1B cannot run it).
+        total = tf.reduce_sum(weights)
         loss = tf.math.divide_no_nan(tf.reduce_sum(sums["xent"]), total)
         accuracy = tf.math.divide_no_nan(tf.reduce_sum(sums["correct"]), total)
         return {"loss": (loss, total), "accuracy": (accuracy, total)}

@@ -55,10 +55,17 @@ def token_sums(
     return sums
 
 
-def metrics_from_sums(sums: dict[str, tf.Tensor]) -> Metrics:
+def metrics_from_sums(sums: dict[str, tf.Tensor], paddings: tf.Tensor | None = None) -> Metrics:
     """The batch's metrics from ``token_sums``' per-example sums: each a mean over real tokens,
-    weighted by their number (and ``log_pplx_gap`` when ``achievable_log_pplx`` is there)."""
-    num_tokens = tf.reduce_sum(sums["num_tokens"])
+    weighted by their number (and ``log_pplx_gap`` when ``achievable_log_pplx`` is there).
+
+    With ``paddings`` the number of real tokens is counted from them rather than from the sums: a
+    pipeline's sums come out of its last stage, and a loss normalized by them would make each
+    micro-batch's gradient wait for every micro-batch's forward (which 1F1B cannot run)."""
+    if paddings is not None:
+        num_tokens = tf.reduce_sum(1.0 - tf.cast(paddings, tf.float32))
+    else:
+        num_tokens = tf.reduce_sum(sums["num_tokens"])
     metrics = {
         name: (tf.math.divide_no_nan(tf.reduce_sum(value), num_tokens), num_tokens)
         for name, value in sums.items()

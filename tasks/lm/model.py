@@ -98,7 +98,7 @@ class TransformerLmTask(BaseTask):
         sums = self.stack.fprop_with_head(
             ctx, x, head, targets, paddings=batch["paddings"], segment_ids=batch.get("segment_ids")
         )
-        return metrics_from_sums(sums)
+        return metrics_from_sums(sums, batch["paddings"])
 
     def compute_loss(self, ctx: FPropContext, predictions: Any, batch: dict[str, tf.Tensor]) -> Metrics:
         metrics, weights = token_metrics(

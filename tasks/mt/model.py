@@ -128,7 +128,7 @@ class TransformerMtTask(BaseTask):
             segment_ids=batch.get("tgt_segment_ids"),
             source_segment_ids=batch.get("src_segment_ids"),
         )
-        return metrics_from_sums(sums)
+        return metrics_from_sums(sums, batch["tgt_paddings"])
 
     def compute_loss(self, ctx: FPropContext, predictions: Any, batch: dict[str, tf.Tensor]) -> Metrics:
         metrics, _ = token_metrics(

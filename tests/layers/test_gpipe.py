@@ -64,8 +64,9 @@ def _data(seed=0, batch=BATCH):
     return tf.constant(x), tf.constant(y)
 
 
-def _train(model, forward, steps=10, lr=0.1):
-    """SGD on a squared loss; returns (losses, first-step gradients, final weights) as NumPy."""
+def _train(model, forward, steps=10, lr=0.1, loss_fn=None):
+    """SGD on a squared loss; returns (losses, first-step gradients, final weights) as NumPy.
+    ``loss_fn(model, ctx, x, target)``, if given, computes the loss instead of ``forward``."""
     x, target = _data()
     variables = model.trainable_variables
 
@@ -73,7 +74,10 @@ def _train(model, forward, steps=10, lr=0.1):
     def step(i):
         ctx = FPropContext(training=True, step=i, seed=7)
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(forward(model, ctx, x) - target))
+            if loss_fn is not None:
+                loss = loss_fn(model, ctx, x, target)
+            else:
+                loss = tf.reduce_mean(tf.square(forward(model, ctx, x) - target))
         grads = tape.gradient(loss, variables)
         for v, g in zip(variables, grads):
             v.assign_sub(lr * g)

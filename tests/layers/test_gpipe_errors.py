@@ -46,7 +46,7 @@ def test_more_stages_than_layers():
 def test_more_stages_than_devices_says_how_to_get_logical_devices():
     with pytest.raises(
         ConfigError,
-        match=r"net: 5 pipeline stages need 5 devices but there are 4 logical CPU devices and 0 GPUs; "
+        match=r"net: 5 stages need 5 devices but there are 4 logical CPU devices and 0 GPUs; "
         r"set cluster.num_logical_cpu_devices=5",
     ) as e:
         _build(layers=_layers(6), num_stages=5)

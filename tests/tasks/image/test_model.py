@@ -146,14 +146,19 @@ def _image_task(pipeline: dict | None, batch_norm: bool = False) -> ImageClassif
     return p.instantiate()
 
 
-@pytest.mark.parametrize("m, remat", [(4, "always"), (2, "never")])
-def test_pipelined_body_computes_the_loss_per_micro_batch_in_its_last_stage(batch, m, remat) -> None:
+CASES = [(4, "always", "fill_drain"), (2, "never", "fill_drain"), (4, "never", "one_f_one_b")]
+
+
+@pytest.mark.parametrize("m, remat, schedule", CASES)
+def test_pipelined_body_computes_the_loss_per_micro_batch_in_its_last_stage(
+    batch, m, remat, schedule
+) -> None:
     """Labels and weights travel with the micro-batches; the metrics and gradients are the
-    unpipelined task's, and the cross-entropy runs on the last stage's device, one micro-batch at
-    a time."""
+    unpipelined task's (under either schedule), and the cross-entropy runs on the last stage's
+    device, one micro-batch at a time."""
     weighted = {**batch, "weight": tf.constant([1.0, 0.0, 0.5] * 8)}
     plain = _image_task(None)
-    piped = _image_task({"num_micro_batches": m, "remat": remat})
+    piped = _image_task({"num_micro_batches": m, "remat": remat, "schedule": schedule})
     copy_weights(plain, piped)
     want = metrics_and_grads(plain, weighted)
     assert_same(metrics_and_grads(piped, weighted), want, rtol=1e-5, atol=1e-6)

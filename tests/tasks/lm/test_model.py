@@ -112,14 +112,17 @@ def test_transformer_lm_gets_within_10_percent_of_the_entropy_rate():
     assert dev["log_pplx"] <= 1.10 * dev_input.achievable_log_pplx(), dev
 
 
-def test_pipelined_stack_computes_the_loss_per_micro_batch_in_its_last_stage():
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+def test_pipelined_stack_computes_the_loss_per_micro_batch_in_its_last_stage(schedule):
     """Labels, paddings and label entropies travel with the micro-batches; the logits (tied to the
     embedding, outside the pipeline) and the per-token loss run on the last stage's device one
     micro-batch at a time, and the metrics and gradients are the unpipelined task's."""
     root = _root("task.label_smoothing : 0.1")
     plain = root.task.instantiate()
     p = root.task.copy()
-    p.stack.pipeline = GPipeLayer.Params().set(num_stages=2, num_micro_batches=4, remat="always")
+    p.stack.pipeline = GPipeLayer.Params().set(
+        num_stages=2, num_micro_batches=4, remat="always", schedule=schedule
+    )
     piped = p.instantiate()
     copy_weights(plain, piped)
     batch = dict(next(iter(root.input.train.copy().set(batch_size=8).instantiate().dataset())))

@@ -129,14 +129,17 @@ def test_reverse_transformer_reaches_bleu_90_on_test():
     assert metrics["bleu"] >= 90.0 and metrics["exact_match"] >= 0.8, metrics
 
 
-def test_pipelined_decoder_computes_the_loss_per_micro_batch_in_its_last_stage():
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+def test_pipelined_decoder_computes_the_loss_per_micro_batch_in_its_last_stage(schedule):
     """Target labels and paddings travel with the decoder's micro-batches (the encoder output
     already does); the per-token loss runs on its last stage's device, one micro-batch at a time,
     and the metrics and gradients are the unpipelined task's."""
     root = _root("task.label_smoothing : 0.1")
     plain = root.task.instantiate()
     p = root.task.copy()
-    p.decoder.pipeline = GPipeLayer.Params().set(num_stages=2, num_micro_batches=2, remat="never")
+    p.decoder.pipeline = GPipeLayer.Params().set(
+        num_stages=2, num_micro_batches=2, remat="never", schedule=schedule
+    )
     piped = p.instantiate()
     copy_weights(plain, piped)
     batch = next(iter(root.input.dev.copy().set(batch_size=8).instantiate().dataset()))
