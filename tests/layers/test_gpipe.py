@@ -2,179 +2,65 @@
 same loss, gradients and weights as the same layers run sequentially, dropout included; batch-norm
 moving statistics come out as the full batch's; re-materialization recomputes what it should."""
 
-import functools
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from layers import core, gpipe
 from layers.base_layer import BaseLayer, FPropContext
-from params.hyperparams import InstantiableParams
-
-BATCH, IN_DIM, OUT_DIM = 8, 6, 3
-TOL = 1e-5
-# Batch norm over micro-batches of 2 examples divides by tiny variances, which amplifies float32
-# rounding (a different summation order) over 10 steps to a few 1e-5 (2.4e-4 on one weight at K=4, M=4,
-# remat always); the first steps agree to 1e-6.
-BN_TOL = 5e-4
-
-
-def _mlp(dropout: bool = True, depth: int = 4, batch_norm: bool = False) -> list[InstantiableParams]:
-    """A tiny MLP: projections (tanh) with dropout between them, so every K in {1, 2, 4} can cut it.
-    With ``batch_norm``, batch norm follows fc0 and fc2: the second one's input depends on the first's
-    per-micro-batch normalization."""
-    dims = [IN_DIM] + [5] * (depth - 1) + [OUT_DIM]
-    layers = []
-    for i in range(depth):
-        act = "tanh" if i < depth - 1 else "none"
-        layers.append(
-            core.ProjectionLayer.Params().set(
-                name=f"fc{i}", input_dim=dims[i], output_dim=dims[i + 1], activation=act
-            )
-        )
-        if batch_norm and i in (0, 2) and i < depth - 1:
-            layers.append(core.BatchNormLayer.Params().set(name=f"bn{i}", dim=5, decay=0.5))
-        if dropout and i < depth - 1:
-            layers.append(core.DropoutLayer.Params().set(name=f"drop{i}", keep_prob=0.75))
-    return layers
-
-
-def _pipeline(layers, num_stages=1, num_micro_batches=1, remat="always", **kwargs) -> gpipe.GPipeLayer:
-    p = gpipe.GPipeLayer.Params().set(
-        name="net",
-        layers=layers,
-        num_stages=num_stages,
-        num_micro_batches=num_micro_batches,
-        remat=remat,
-        **kwargs,
-    )
-    return p.instantiate()
-
-
-def _sequential(layers) -> BaseLayer:
-    # Same root name and child names as the pipeline: same variable paths, so the same initial weights.
-    return core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
-
-
-def _data(seed=0, batch=BATCH):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(batch, IN_DIM)).astype(np.float32)
-    y = rng.normal(size=(batch, OUT_DIM)).astype(np.float32)
-    return tf.constant(x), tf.constant(y)
-
-
-def _train(model, forward, steps=10, lr=0.1, loss_fn=None):
-    """SGD on a squared loss; returns (losses, first-step gradients, final weights) as NumPy.
-    ``loss_fn(model, ctx, x, target)``, if given, computes the loss instead of ``forward``."""
-    x, target = _data()
-    variables = model.trainable_variables
-
-    @tf.function
-    def step(i):
-        ctx = FPropContext(training=True, step=i, seed=7)
-        with tf.GradientTape() as tape:
-            if loss_fn is not None:
-                loss = loss_fn(model, ctx, x, target)
-            else:
-                loss = tf.reduce_mean(tf.square(forward(model, ctx, x) - target))
-        grads = tape.gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(lr * g)
-        ctx.apply_updates()
-        return loss, grads
-
-    losses, first_grads = [], None
-    for i in range(steps):
-        loss, grads = step(tf.constant(i))
-        losses.append(loss.numpy())
-        if first_grads is None:  # by name: layers' variable order differs between containers
-            first_grads = {v.name: g.numpy() for v, g in zip(variables, grads)}
-    weights = {v.name: v.numpy() for v in model.variables}
-    return np.array(losses), first_grads, weights
-
-
-def _pipelined_forward(model, ctx, x):
-    return model(ctx, x)
-
-
-def _micro_batched_forward(num_micro_batches):
-    """The sequential model run micro-batch by micro-batch with the pipeline's randomness keys."""
-
-    def forward(model, ctx, x):
-        parts = tf.split(x, num_micro_batches)
-        return tf.concat([model(ctx.for_micro_batch(m), xm) for m, xm in enumerate(parts)], 0)
-
-    return forward
-
-
-def _unpipelined_forward(model, ctx, x):
-    return model(ctx, x)
-
-
-@functools.cache
-def _reference(num_micro_batches: int, dropout: bool = True, batch_norm: bool = False):
-    """The sequential model trained on the whole batch where that is what the pipeline computes
-    exactly (one micro-batch; or no batch norm and no dropout, whose masks are keyed by micro-batch),
-    else micro-batch by micro-batch with the pipeline's randomness keys and batch-norm statistics."""
-    model = _sequential(_mlp(dropout, batch_norm=batch_norm))
-    if num_micro_batches == 1 or not (dropout or batch_norm):
-        return _train(model, _unpipelined_forward)
-    return _train(model, _micro_batched_forward(num_micro_batches))
-
-
-def _assert_same_training(got, want, tol=TOL):
-    losses, grads, weights = got
-    want_losses, want_grads, want_weights = want
-    assert np.max(np.abs(losses - want_losses)) <= tol, (losses, want_losses)
-    assert sorted(grads) == sorted(want_grads)
-    for name, g in grads.items():
-        assert np.max(np.abs(g - want_grads[name])) <= tol, name
-    assert sorted(weights) == sorted(want_weights)
-    for name, value in weights.items():
-        assert np.max(np.abs(value - want_weights[name])) <= tol, name
-    # The run must have learned something, or equality would prove little.
-    assert losses[-1] < losses[0]
-
-
-# A covering subset of K x M x remat (each value of each factor at least once); the full product is slow.
-FAST = [(1, 1, "never"), (2, 4, "always"), (4, 8, "except_last"), (2, 2, "never"), (4, 1, "always")]
-ALL = [(k, m, r) for k in (1, 2, 4) for m in (1, 2, 4, 8) for r in gpipe.REMAT_POLICIES]
+from tests.layers.gpipe_training import (
+    ALL,
+    BATCH,
+    BN_TOL,
+    FAST,
+    IN_DIM,
+    OUT_DIM,
+    TOL,
+    assert_same_training,
+    data,
+    micro_batched_forward,
+    mlp,
+    pipeline,
+    pipelined_forward,
+    reference,
+    sequential,
+    train,
+)
 
 
 @pytest.mark.parametrize("k, m, remat", FAST)
 def test_training_with_dropout_and_batch_norm_equals_sequential(k, m, remat):
     """10 SGD steps with dropout and two batch-norm layers (moving statistics compared too): equal to
     the unpipelined model at M=1, to the micro-batched sequential model otherwise."""
-    pipe = _pipeline(_mlp(batch_norm=True), num_stages=k, num_micro_batches=m, remat=remat)
-    _assert_same_training(_train(pipe, _pipelined_forward), _reference(m, batch_norm=True), BN_TOL)
+    pipe = pipeline(mlp(batch_norm=True), num_stages=k, num_micro_batches=m, remat=remat)
+    assert_same_training(train(pipe, pipelined_forward), reference(m, batch_norm=True), BN_TOL)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k, m, remat", [c for c in ALL if c not in FAST])
 def test_training_equals_sequential_full_sweep(k, m, remat):
-    pipe = _pipeline(_mlp(batch_norm=True), num_stages=k, num_micro_batches=m, remat=remat)
-    _assert_same_training(_train(pipe, _pipelined_forward), _reference(m, batch_norm=True), BN_TOL)
+    pipe = pipeline(mlp(batch_norm=True), num_stages=k, num_micro_batches=m, remat=remat)
+    assert_same_training(train(pipe, pipelined_forward), reference(m, batch_norm=True), BN_TOL)
 
 
 @pytest.mark.parametrize("k, m, remat", [(2, 4, "always"), (4, 8, "never"), (2, 2, "except_last")])
 def test_without_dropout_or_batch_norm_equals_the_unpipelined_model(k, m, remat):
     """Nothing keyed by micro-batch: the pipeline equals the plain model on the whole batch at once."""
-    pipe = _pipeline(_mlp(dropout=False), num_stages=k, num_micro_batches=m, remat=remat)
-    _assert_same_training(_train(pipe, _pipelined_forward), _reference(1, dropout=False))
+    pipe = pipeline(mlp(dropout=False), num_stages=k, num_micro_batches=m, remat=remat)
+    assert_same_training(train(pipe, pipelined_forward), reference(1, dropout=False))
 
 
 def test_dropout_is_keyed_by_micro_batch():
     """Different micro-batches draw different masks (so M changes the masks, as documented)."""
     layers = [core.DropoutLayer.Params().set(name="drop", keep_prob=0.5)] * 1
-    pipe = _pipeline(layers, num_micro_batches=2, remat="never")
+    pipe = pipeline(layers, num_micro_batches=2, remat="never")
     ctx = FPropContext(training=True, step=3)
     y = pipe(ctx, tf.ones([4, 64])).numpy()
     assert not np.array_equal(y[:2] == 0, y[2:] == 0)
 
 
 def test_stages_params_train_like_the_same_stages_run_sequentially():
-    layers = _mlp()
+    layers = mlp()
     stages = [
         core.SequentialLayer.Params().set(name="s0", sub=layers[:4]),
         core.SequentialLayer.Params().set(name="s1", sub=layers[4:]),
@@ -182,18 +68,18 @@ def test_stages_params_train_like_the_same_stages_run_sequentially():
     p = gpipe.GPipeLayer.Params().set(name="net", stages=stages, num_micro_batches=2, remat="except_last")
     pipe = p.instantiate()
     assert pipe.num_stages == 2 and pipe.devices == ["/device:CPU:0", "/device:CPU:1"]
-    want = _train(_sequential(stages), _micro_batched_forward(2))
-    _assert_same_training(_train(pipe, _pipelined_forward), want)
+    want = train(sequential(stages), micro_batched_forward(2))
+    assert_same_training(train(pipe, pipelined_forward), want)
 
 
 def test_micro_batch_size_sets_the_number_of_micro_batches():
-    pipe = _pipeline(_mlp(), num_stages=2, num_micro_batches=1, micro_batch_size=2)
-    _assert_same_training(_train(pipe, _pipelined_forward, steps=10), _reference(4))
+    pipe = pipeline(mlp(), num_stages=2, num_micro_batches=1, micro_batch_size=2)
+    assert_same_training(train(pipe, pipelined_forward, steps=10), reference(4))
 
 
 # --------------------------------------------------------------------------------- placement
 def test_stages_and_their_weights_sit_on_their_devices():
-    pipe = _pipeline(_mlp(), num_stages=4)
+    pipe = pipeline(mlp(), num_stages=4)
     assert pipe.devices == [f"/device:CPU:{k}" for k in range(4)]
     assert pipe.stage_bounds == [0, 2, 4, 6, 7]
     for k in range(4):
@@ -203,13 +89,13 @@ def test_stages_and_their_weights_sit_on_their_devices():
 
 
 def test_explicit_devices_are_used():
-    pipe = _pipeline(_mlp(), num_stages=2, devices=["/device:CPU:3", "/device:CPU:1"])
+    pipe = pipeline(mlp(), num_stages=2, devices=["/device:CPU:3", "/device:CPU:1"])
     assert pipe.devices == ["/device:CPU:3", "/device:CPU:1"]
     assert pipe.stage_layers(0)[0].vars["w"].device.endswith("CPU:3")
 
 
 def test_one_stage_keeps_the_callers_device():
-    pipe = _pipeline(_mlp(), num_stages=1)
+    pipe = pipeline(mlp(), num_stages=1)
     assert pipe.devices == [None]
 
 
@@ -228,10 +114,10 @@ class _CountingLayer(BaseLayer):
 
 @pytest.mark.parametrize("remat, forwards", [("always", 8), ("except_last", 7), ("never", 4)])
 def test_remat_policy_decides_which_micro_batches_are_recomputed(remat, forwards):
-    layers = [_mlp(dropout=False)[0], _CountingLayer.Params().set(name="count")]
-    pipe = _pipeline(layers, num_stages=2, num_micro_batches=4, remat=remat)
+    layers = [mlp(dropout=False)[0], _CountingLayer.Params().set(name="count")]
+    pipe = pipeline(layers, num_stages=2, num_micro_batches=4, remat=remat)
     counting = pipe.stage_layers(1)[0]
-    x, _ = _data()
+    x, _ = data()
 
     @tf.function
     def step():
@@ -252,11 +138,11 @@ def test_recompute_reuses_the_dropout_masks():
     """With remat the gradient is computed from a recomputed forward; equal gradients to the
     never-remat pipeline mean the recompute drew the same masks (and the keep_prob is low enough
     that a different mask would show)."""
-    x, _ = _data()
-    layers = [_mlp()[0], core.DropoutLayer.Params().set(name="drop", keep_prob=0.5), _mlp()[2]]
+    x, _ = data()
+    layers = [mlp()[0], core.DropoutLayer.Params().set(name="drop", keep_prob=0.5), mlp()[2]]
     results = []
     for remat in ("always", "never"):
-        pipe = _pipeline(layers, num_stages=2, num_micro_batches=2, remat=remat)
+        pipe = pipeline(layers, num_stages=2, num_micro_batches=2, remat=remat)
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.square(pipe(FPropContext(training=True, step=5), x)))
         results.append([g.numpy() for g in tape.gradient(loss, pipe.trainable_variables)])
@@ -275,7 +161,7 @@ def _bn_layers():
 
 def _drifting_data():
     """Micro-batch means differ (a drift along the batch), so merging variances directly would fail."""
-    x, t = _data()
+    x, t = data()
     drift = tf.linspace(-3.0, 3.0, BATCH)[:, None]
     return x + drift, t
 
@@ -283,8 +169,8 @@ def _drifting_data():
 @pytest.mark.parametrize("remat", ["always", "never"])
 def test_deferred_batch_norm_moving_statistics_equal_the_full_batch(remat):
     x, target = _drifting_data()
-    pipe = _pipeline(_bn_layers(), num_stages=2, num_micro_batches=4, remat=remat)
-    plain = _sequential(_bn_layers())
+    pipe = pipeline(_bn_layers(), num_stages=2, num_micro_batches=4, remat=remat)
+    plain = sequential(_bn_layers())
     for model in (pipe, plain):
 
         @tf.function
@@ -311,8 +197,8 @@ def test_deferred_batch_norm_moving_statistics_equal_the_full_batch(remat):
 
 def test_eval_uses_moving_statistics_and_equals_sequential():
     x, _ = _drifting_data()
-    pipe = _pipeline(_bn_layers(), num_stages=2, num_micro_batches=4)
-    plain = _sequential(_bn_layers())
+    pipe = pipeline(_bn_layers(), num_stages=2, num_micro_batches=4)
+    plain = sequential(_bn_layers())
     for bn in (pipe.stage_layers(0)[1], plain.bn):
         bn.vars["moving_mean"].assign([0.5, -0.5, 1.0, 0.0])
         bn.vars["moving_variance"].assign([2.0, 1.0, 0.5, 3.0])
@@ -323,9 +209,9 @@ def test_eval_uses_moving_statistics_and_equals_sequential():
 
 # ---------------------------------------------------------------------------------------- eval
 def test_eval_accepts_any_batch_size_and_an_unknown_batch_dimension():
-    pipe = _pipeline(_mlp(), num_stages=2, num_micro_batches=4)
-    plain = _sequential(_mlp())
-    x, _ = _data(batch=6)  # 6 is not a multiple of 4: eval splits into near-equal parts
+    pipe = pipeline(mlp(), num_stages=2, num_micro_batches=4)
+    plain = sequential(mlp())
+    x, _ = data(batch=6)  # 6 is not a multiple of 4: eval splits into near-equal parts
 
     @tf.function(input_signature=[tf.TensorSpec([None, IN_DIM])])
     def evaluate(x):
@@ -344,7 +230,7 @@ def test_nested_inputs_are_split_and_joined():
             return {"a": x["a"] * 2.0, "b": x["b"] + 1.0}
 
     layers = [_Scale.Params().set(name="s0"), _Scale.Params().set(name="s1")]
-    pipe = _pipeline(layers, num_stages=2, num_micro_batches=2)
+    pipe = pipeline(layers, num_stages=2, num_micro_batches=2)
     a = tf.reshape(tf.range(8.0), [4, 2])
     b = tf.zeros([4, 3])
     with tf.GradientTape() as tape:
@@ -358,7 +244,7 @@ def test_nested_inputs_are_split_and_joined():
 
 # -------------------------------------------------------------------------------------- report
 def test_partition_report_names_stages_devices_layers_and_costs():
-    pipe = _pipeline(_mlp(), num_stages=2, input_shape=[None, IN_DIM])
+    pipe = pipeline(mlp(), num_stages=2, input_shape=[None, IN_DIM])
     report = pipe.partition_report()
     lines = report.splitlines()
     assert lines[0].startswith("GPipe net: 7 layers in 2 stages")
@@ -373,7 +259,7 @@ def test_partition_reports_collects_every_pipeline_in_a_tree():
     class _Model(BaseLayer):
         def __init__(self, params, parent=None):
             super().__init__(params, parent)
-            pipe = gpipe.GPipeLayer.Params().set(layers=_mlp(), num_stages=2)
+            pipe = gpipe.GPipeLayer.Params().set(layers=mlp(), num_stages=2)
             self.create_children("towers", [pipe, pipe])
 
     model = _Model.Params().set(name="model").instantiate()
@@ -443,11 +329,11 @@ class _StopGradientFor(BaseLayer):
 def test_a_loss_without_some_micro_batches_keeps_the_others_weight_gradients(remat, blocked):
     """Stage 0 gets no gradient for one micro-batch: its weight gradients are the other three
     micro-batches' (they used to vanish without an error)."""
-    layers = _mlp(dropout=False, depth=2)
+    layers = mlp(dropout=False, depth=2)
     layers.insert(1, _StopGradientFor.Params().set(name="stop", micro_batch=blocked))
-    pipe = _pipeline(layers, num_stages=2, split_points=[1], num_micro_batches=4, remat=remat)
-    plain = _sequential(layers)
-    x, _ = _data()
+    pipe = pipeline(layers, num_stages=2, split_points=[1], num_micro_batches=4, remat=remat)
+    plain = sequential(layers)
+    x, _ = data()
 
     def grads(model, forward):
         @tf.function
@@ -458,7 +344,7 @@ def test_a_loss_without_some_micro_batches_keeps_the_others_weight_gradients(rem
 
         return [g.numpy() for g in run()]
 
-    got, want = grads(pipe, _pipelined_forward), grads(plain, _micro_batched_forward(4))
+    got, want = grads(pipe, pipelined_forward), grads(plain, micro_batched_forward(4))
     assert len(got) == len(want) == 4
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=TOL)

@@ -10,16 +10,16 @@ from layers import core, gpipe
 from layers import pipeline_schedule as schedules
 from layers.base_layer import FPropContext
 from params.errors import ConfigError
-from tests.layers.test_gpipe import (
+from tests.layers.gpipe_training import (
     ALL,
     BN_TOL,
     FAST,
-    _assert_same_training,
-    _data,
-    _mlp,
-    _pipeline,
-    _reference,
-    _train,
+    assert_same_training,
+    data,
+    mlp,
+    pipeline,
+    reference,
+    train,
 )
 from trainer import pipeline_profile, tracing
 
@@ -35,43 +35,43 @@ def _loss_in_last_stage(model, ctx, x, target):
 
 
 def _one_f_one_b(layers, k, m, remat):
-    return _pipeline(layers, num_stages=k, num_micro_batches=m, remat=remat, schedule="one_f_one_b")
+    return pipeline(layers, num_stages=k, num_micro_batches=m, remat=remat, schedule="one_f_one_b")
 
 
 def _train_with_head(model):
-    return _train(model, None, loss_fn=_loss_in_last_stage)
+    return train(model, None, loss_fn=_loss_in_last_stage)
 
 
 @pytest.mark.parametrize("k, m, remat", FAST)
 def test_one_f_one_b_trains_like_the_sequential_model(k, m, remat):
     """10 SGD steps with dropout and batch norm: the same as the unpipelined model at M=1 and as the
     micro-batched sequential model otherwise (which fill-drain also equals)."""
-    pipe = _one_f_one_b(_mlp(batch_norm=True), k, m, remat)
-    _assert_same_training(_train_with_head(pipe), _reference(m, batch_norm=True), BN_TOL)
+    pipe = _one_f_one_b(mlp(batch_norm=True), k, m, remat)
+    assert_same_training(_train_with_head(pipe), reference(m, batch_norm=True), BN_TOL)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k, m, remat", [c for c in ALL if c not in FAST])
 def test_one_f_one_b_full_sweep(k, m, remat):
-    pipe = _one_f_one_b(_mlp(batch_norm=True), k, m, remat)
-    _assert_same_training(_train_with_head(pipe), _reference(m, batch_norm=True), BN_TOL)
+    pipe = _one_f_one_b(mlp(batch_norm=True), k, m, remat)
+    assert_same_training(_train_with_head(pipe), reference(m, batch_norm=True), BN_TOL)
 
 
 def test_schedules_give_the_same_training_with_the_loss_in_the_last_stage():
-    layers = _mlp(batch_norm=True)
+    layers = mlp(batch_norm=True)
     got = _train_with_head(_one_f_one_b(layers, 2, 4, "never"))
-    want = _train_with_head(_pipeline(layers, num_stages=2, num_micro_batches=4, remat="never"))
+    want = _train_with_head(pipeline(layers, num_stages=2, num_micro_batches=4, remat="never"))
     # The weight gradients are summed in another order (m = 0 first): rounding, amplified by batch norm.
-    _assert_same_training(got, want, BN_TOL)
+    assert_same_training(got, want, BN_TOL)
 
 
 def test_eager_mode_gives_the_same_gradients_without_ordering():
     """Eagerly, ops run as they are called (nothing to order); the gradients are still the same."""
-    x, target = _data()
+    x, target = data()
 
     def grads(schedule):
-        layers = _mlp(dropout=False)
-        pipe = _pipeline(layers, num_stages=2, num_micro_batches=4, remat="always", schedule=schedule)
+        layers = mlp(dropout=False)
+        pipe = pipeline(layers, num_stages=2, num_micro_batches=4, remat="always", schedule=schedule)
         with tf.GradientTape() as tape:
             out = pipe(FPropContext(training=True), x, head=_squared_error, head_inputs=target)
             loss = tf.reduce_sum(out)
@@ -85,8 +85,8 @@ def test_a_loss_on_the_joined_outputs_is_refused_with_one_clear_error():
     """Any loss on the joined outputs (here a mean; even a sum of squares, whose gradient is computed
     from the joined tensor) makes every micro-batch's gradient wait for the others' forwards, which
     1F1B runs after the earlier backwards: a cycle, refused when the step is traced."""
-    pipe = _one_f_one_b(_mlp(dropout=False), 2, 4, "never")
-    x, target = _data()
+    pipe = _one_f_one_b(mlp(dropout=False), 2, 4, "never")
+    x, target = data()
 
     @tf.function
     def step():
@@ -103,7 +103,7 @@ def test_a_loss_on_the_joined_outputs_is_refused_with_one_clear_error():
 def test_an_unknown_schedule_is_a_config_error():
     want = "params.schedule must be one of fill_drain, one_f_one_b, got 'zigzag'"
     with pytest.raises(ConfigError, match=want):
-        _pipeline(_mlp(), num_stages=2, schedule="zigzag")
+        pipeline(mlp(), num_stages=2, schedule="zigzag")
 
 
 # ------------------------------------------------------------------------- the order in a real step
