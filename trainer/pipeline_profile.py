@@ -160,14 +160,14 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
     k_count = pipeline.num_stages
     m_count = 1 + max(e.micro_batch for e in evs)
     labels = [f"stage {k}: {d or 'default device'}" for k, d in enumerate(pipeline.devices)]
-    remat = pipeline.params.remat
-    prediction = simulator.simulate("fill_drain", m_count, remat, measured_costs(evs, k_count))
+    remat, schedule = pipeline.params.remat, pipeline.params.schedule
+    prediction = simulator.simulate(schedule, m_count, remat, measured_costs(evs, k_count))
     measured = {
         "step_time_s": schedules.step_time(evs),
         "bubble": schedules.bubble(evs),
         "peak_in_flight": schedules.peak_in_flight(evs),
     }
-    title = f"{root.model}: K={k_count}, M={m_count}, remat={remat}"
+    title = f"{root.model}: K={k_count}, M={m_count}, remat={remat}, {schedule}"
     pngs = {
         "pipeline_step.png": pipeline_picture.draw_png(evs, f"{title} (measured)", labels),
         "pipeline_step_simulated.png": pipeline_picture.draw_png(
@@ -183,6 +183,7 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
         "num_stages": k_count,
         "num_micro_batches": m_count,
         "remat": remat,
+        "schedule": schedule,
         "measured": measured,
         "simulated": prediction.summary(),
         "prediction_error": simulator.relative_error(prediction.step_time, measured["step_time_s"]),

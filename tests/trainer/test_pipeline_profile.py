@@ -53,7 +53,7 @@ def test_measured_costs_are_per_stage_medians():
     assert costs.recompute == (0.0, 0.0)
 
 
-def _trainer(logdir, model: str) -> subprocess.CompletedProcess:
+def _trainer(logdir, model: str, override: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             sys.executable,
@@ -62,6 +62,7 @@ def _trainer(logdir, model: str) -> subprocess.CompletedProcess:
             f"--model={model}",
             f"--logdir={logdir}",
             "--mode=profile_pipeline",
+            *([f"--params_override={override}"] if override else []),
         ],
         cwd=REPO,
         env=_env(),
@@ -76,7 +77,8 @@ def test_profile_pipeline_writes_pictures_json_and_image_summaries(tmp_path):
     logdir = tmp_path / "run"
     out = _trainer(logdir, "image.digits.GPipeConvNet")
     assert out.returncode == 0, out.stderr
-    assert "profile_pipeline: image.digits.GPipeConvNet: K=2, M=4, remat=always: measured step" in out.stdout
+    want = "profile_pipeline: image.digits.GPipeConvNet: K=2, M=4, remat=always, fill_drain: measured step"
+    assert want in out.stdout
     for name in ("pipeline_step.png", "pipeline_step_simulated.png"):
         assert Image.open(logdir / name).size[0] == 1200
     record = json.loads((logdir / "pipeline_step.json").read_text())
@@ -99,6 +101,20 @@ def test_profile_pipeline_writes_pictures_json_and_image_summaries(tmp_path):
     for tag in acc.Tags()["tensors"]:
         width, height, png = tf.make_ndarray(acc.Tensors(tag)[0].tensor_proto)
         assert Image.open(io.BytesIO(png)).size == (int(width), int(height))
+
+
+@pytest.mark.slow
+def test_profile_pipeline_shows_the_one_f_one_b_order(tmp_path):
+    """The experiment's pipeline switched to 1F1B: the measured step runs each stage in that order
+    (stage 0: F0 F1 then R/B 0, F2, ...) and the simulated step uses the same schedule."""
+    logdir = tmp_path / "run"
+    out = _trainer(logdir, "image.digits.GPipeConvNet", "task.body.sub[0].schedule : 'one_f_one_b'")
+    assert out.returncode == 0, out.stderr
+    record = json.loads((logdir / "pipeline_step.json").read_text())
+    assert record["schedule"] == record["simulated"]["schedule"] == "one_f_one_b"
+    for k, order in enumerate(ps.stage_orders("one_f_one_b", 2, 4, "always")):
+        events = sorted((e for e in record["events"] if e["stage"] == k), key=lambda e: e["start"])
+        assert [(e["kind"], e["micro_batch"]) for e in events] == [(op.kind, op.micro_batch) for op in order]
 
 
 @pytest.mark.slow
