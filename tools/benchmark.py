@@ -13,9 +13,12 @@ import sys
 from tools import benchmarks
 from trainer import tf_startup
 
+# Modules of tools/benchmarks/ that benchmarks import, not benchmarks themselves.
+LIBRARIES = ("harness",)
+
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__))
+    return sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name not in LIBRARIES)
 
 
 def main(argv: list[str]) -> int:

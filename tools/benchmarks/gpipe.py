@@ -40,18 +40,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SPEED_FIGURES = ("speedup", "op_parallel_control", "vs_same_cores", "remat_time")
-FIGURES = (*SPEED_FIGURES, "overhead", "scaling", "memory", "remat_memory", "bubble")
+from tools.benchmarks import harness
+
+SPEED_FIGURES = ("speedup", "op_parallel_control", "vs_same_cores", "remat_time")  # one shared run
+MEMORY_FIGURES = ("memory", "remat_memory")  # _memory_figures: a peak per side, each side measured once
+FIGURES = (*SPEED_FIGURES, "overhead", "scaling", *MEMORY_FIGURES, "bubble")
 DEFAULT_FIGURES = tuple(f for f in FIGURES if f != "bubble")
 BUBBLE_MICRO_BATCHES = (1, 2, 4, 8, 16)
 SCALING_STAGES = (2, 4, 8)
@@ -79,27 +75,9 @@ def _model(spec: dict) -> Any:
     return p.set(remat=spec["remat"]).instantiate()
 
 
-def _configure(spec: dict) -> Any:
-    """Process settings before TensorFlow starts: CPUs, allocator, threads, logical devices."""
-    if spec.get("cpus"):
-        os.sched_setaffinity(0, set(spec["cpus"]))
-    if spec["measure"] == "memory":
-        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(spec.get("intra_op_threads", 0))
-    tf.config.threading.set_inter_op_parallelism_threads(spec.get("inter_op_threads", 0))
-    devices = spec.get("logical_devices", 1)
-    if devices > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-    return tf
-
-
 def _dense_step(spec: dict) -> tuple[Any, Any]:
     """The dense stack's compiled training step (squared error, SGD)."""
-    tf = _configure(spec)
+    tf = harness.configure(spec)
     from layers.base_layer import FPropContext
 
     model = _model(spec)
@@ -143,7 +121,7 @@ def _dense_step(spec: dict) -> tuple[Any, Any]:
 def _task_step(spec: dict) -> tuple[Any, Any]:
     """The LM task's training step as the trainer compiles it (TrainStep: a while loop of steps,
     op determinism on, like ``trainer.cluster.configure``)."""
-    tf = _configure(spec)
+    tf = harness.configure(spec)
     tf.config.experimental.enable_op_determinism()
     from tasks.lm.params.synthetic import GPipeTransformerLM
     from trainer.train_step import TrainStep
@@ -172,123 +150,25 @@ def _task_step(spec: dict) -> tuple[Any, Any]:
     return step, train_step.task.trainable_variables
 
 
-def _timed(step: Any) -> float:
-    start = time.perf_counter()
-    step().numpy()
-    return time.perf_counter() - start
-
-
 def run_worker(spec: dict) -> int:
-    """The worker: builds the step, then answers ``step`` lines on stdin with one JSON line each
-    (``memory`` specs print their peak once and exit)."""
+    """The worker: builds the step, then serves it (``harness.serve``); a memory side also reports the
+    weights' bytes and the traced step's live-tensor peak."""
     step, variables = (_task_step if spec["model"].startswith("task") else _dense_step)(spec)
-    first = _timed(step)
-    for _ in range(spec["warmup"]):
-        step().numpy()
-    if spec["measure"] == "memory":
-        import tensorflow as tf
 
+    def memory() -> dict:
         from tools.memory_trace import live_tensor_peak
 
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        step().numpy()
-        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-        weights = sum(v.numpy().nbytes for v in variables)
         traced = live_tensor_peak(lambda: step().numpy())
-        print(
-            json.dumps(
-                {
-                    "peak_bytes": int(peak),
-                    "weight_bytes": int(weights),
-                    "live_peak_bytes": traced["live_peak_bytes"],
-                    "traced_peak_bytes": traced["chunk_peak_bytes"],
-                    "first_step_s": first,
-                }
-            ),
-            flush=True,
-        )
-        return 0
-    print(json.dumps({"ready": True, "first_step_s": first}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        print(json.dumps({"step_s": _timed(step)}), flush=True)
-    return 0
+        return {
+            "weight_bytes": int(sum(v.numpy().nbytes for v in variables)),
+            "live_peak_bytes": traced["live_peak_bytes"],
+            "traced_peak_bytes": traced["chunk_peak_bytes"],
+        }
+
+    return harness.serve(spec, step, memory)
 
 
 # ------------------------------------------------------------------------------------------ driver
-class _Worker:
-    """A worker subprocess, talked to one JSON line at a time."""
-
-    def __init__(self, spec: dict) -> None:
-        self._key = json.dumps(spec, sort_keys=True)
-        self._log = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.benchmarks.gpipe", f"--worker={self._key}"],
-            cwd=REPO_ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-
-    def read(self) -> dict:
-        for line in self._proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        self._proc.wait()
-        self._log.seek(0)
-        tail = (self._log.read().strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"benchmark worker failed ({self._proc.returncode}) for {self._key}: {tail}")
-
-    def step(self) -> float:
-        self._proc.stdin.write("step\n")
-        self._proc.stdin.flush()
-        return self.read()["step_s"]
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.stdin.close()
-            self._proc.wait()
-        self._log.close()
-
-
-def _interleaved(specs: dict[str, dict], rounds: int, verbose: bool) -> dict[str, dict]:
-    """Starts one worker per spec, then runs ``rounds`` rounds of one step each, in turn.
-    Returns each side's best and median step time."""
-    if verbose:
-        print(f"gpipe benchmark: {json.dumps(specs, sort_keys=True)}", file=sys.stderr, flush=True)
-    workers = {name: _Worker(spec) for name, spec in specs.items()}
-    try:
-        for worker in workers.values():
-            worker.read()  # ready
-        times: dict[str, list[float]] = {name: [] for name in workers}
-        for _ in range(rounds):
-            for name, worker in workers.items():
-                times[name].append(worker.step())
-    finally:
-        for worker in workers.values():
-            worker.close()
-    return {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
-
-
-def _memory(spec: dict, verbose: bool) -> dict:
-    if verbose:
-        print(f"gpipe benchmark: {json.dumps(spec, sort_keys=True)}", file=sys.stderr, flush=True)
-    worker = _Worker(spec)
-    try:
-        return worker.read()
-    finally:
-        worker.close()
-
-
-def _emit(name: str, value: float | None, **details: Any) -> None:
-    # The 1-minute load average says how busy the machine was (2 cores: above ~2.5, trust nothing).
-    load = round(os.getloadavg()[0], 2)
-    value = None if value is None else round(value, 4)
-    print(json.dumps({"name": name, "value": value, **details, "loadavg_1m": load}), flush=True)
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tools.benchmark gpipe", description=__doc__.splitlines()[0]
@@ -298,7 +178,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default=",".join(DEFAULT_FIGURES),
         help=f"Comma-separated subset of {FIGURES} (default: all but bubble).",
     )
-    parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps (a smoke test).")
     parser.add_argument("--width", type=int, default=1024, help="Width of each dense layer (speed figures).")
     parser.add_argument("--depth", type=int, default=16, help="Number of dense layers.")
     parser.add_argument(
@@ -313,10 +192,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory_layers", type=int, default=8, help="Transformer layers of the memory task.")
     parser.add_argument("--memory_seq_length", type=int, default=128, help="Sequence length, memory task.")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch of the memory task.")
-    parser.add_argument("--steps", type=int, default=4, help="Alternating rounds: timed steps per side.")
-    parser.add_argument("--warmup", type=int, default=1, help="Untimed steps after the first.")
+    harness.add_run_flags(parser, steps=4, warmup=1)
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
@@ -340,7 +217,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
     }  # fmt: skip
 
     def measure(**specs: dict) -> dict[str, dict]:
-        return _interleaved(specs, args.steps, args.verbose)
+        return harness.interleaved("gpipe", specs, args.steps, args.verbose)
 
     def best(t: dict, name: str) -> float:
         return t[name]["best"]
@@ -358,7 +235,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
         for remat, theory, target in (("never", theory_never, 1.6), ("always", theory_never * 0.75, 1.25)):
             pipe = best(t, f"pipeline_{remat}")
             if "speedup" in figures:
-                _emit(
+                harness.emit(
                     "speedup", plain / pipe, remat=remat, theory=round(theory, 4), target=target,
                     plain_one_core_step_s=plain, pipeline_step_s=pipe, stages=k, micro_batches=m,
                     median_ratio=round(t["plain_one_core"]["median"] / t[f"pipeline_{remat}"]["median"], 4),
@@ -366,14 +243,14 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
                 )  # fmt: skip
         if "op_parallel_control" in figures:
             control = best(t, "control")
-            _emit(
+            harness.emit(
                 "op_parallel_control", plain / control, plain_one_core_step_s=plain,
                 control_step_s=control, control_threads="1 intra-op, 2 inter-op on 2 cores",
                 speedup_never_over_control=round(control / best(t, "pipeline_never"), 4), **sizes,
             )  # fmt: skip
         if "vs_same_cores" in figures:
             same = best(t, "same_cores")
-            _emit(
+            harness.emit(
                 "vs_same_cores", same / best(t, "pipeline_never"), remat="never",
                 remat_always_value=round(same / best(t, "pipeline_always"), 4), same_cores_step_s=same,
                 pipeline_never_step_s=best(t, "pipeline_never"),
@@ -381,7 +258,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
             )  # fmt: skip
         if "remat_time" in figures:
             always, never = best(t, "pipeline_always"), best(t, "pipeline_never")
-            _emit(
+            harness.emit(
                 "remat_time", always / never, always_step_s=always, never_step_s=never, stages=k,
                 micro_batches=m, **sizes,
             )  # fmt: skip
@@ -396,7 +273,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
                     f"this process has {len(cpus)} cores and {args.depth} layers",
                     file=sys.stderr,
                 )
-                _emit("scaling", None, stages=stages, micro_batches=micro, skipped=True, **sizes)
+                harness.emit("scaling", None, stages=stages, micro_batches=micro, skipped=True, **sizes)
                 continue
             spec = {
                 **pipeline, "cpus": cpus[:stages], "inter_op_threads": stages, "stages": stages,
@@ -416,7 +293,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
             ("gpipe_micro", "plain_micro", "K=1, M=4, remat=never against 4 micro-batches, summed grads"),
         ):
             layer, plain = best(t, side), best(t, reference)
-            _emit(
+            harness.emit(
                 "overhead", layer / plain, path=path, target=1.05, gpipe_step_s=layer,
                 reference_step_s=plain, **sizes,
             )  # fmt: skip
@@ -427,7 +304,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
                 pipeline={**pipeline, "micro_batches": micro, "remat": "always"},
             )
             busy, step = best(t, "one_core"), best(t, "pipeline")
-            _emit(
+            harness.emit(
                 "bubble", 1.0 - busy / (k * step), theory=round((k - 1) / (micro + k - 1), 4), stages=k,
                 micro_batches=micro, one_core_step_s=busy, pipeline_step_s=step, remat="always", **sizes,
             )  # fmt: skip
@@ -435,7 +312,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
 
 def _emit_scaling(stages: int, micro: int, plain: float, pipe: float, sizes: dict) -> None:
     theory = stages * micro / (micro + stages - 1)
-    _emit(
+    harness.emit(
         "scaling", plain / pipe / theory, stages=stages, micro_batches=micro, speedup=round(plain / pipe, 4),
         theory_speedup=round(theory, 4), plain_one_core_step_s=plain, pipeline_step_s=pipe,
         remat="never", **sizes,
@@ -460,11 +337,11 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
 
     def peak(name: str, **changes: Any) -> dict:
         if name not in peaks:
-            peaks[name] = _memory({**spec, **changes}, args.verbose)
+            peaks[name] = harness.run_once("gpipe", {**spec, **changes}, args.verbose)
         return peaks[name]
 
     def emit(figure: str, sides: tuple[str, str], a: dict, b: dict, **details: Any) -> None:
-        _emit(
+        harness.emit(
             figure, a["peak_bytes"] / b["peak_bytes"],
             live_tensor_ratio=round(a["live_peak_bytes"] / b["live_peak_bytes"], 4),
             **{f"{side}_peak_bytes": x["peak_bytes"] for side, x in zip(sides, (a, b))},
@@ -488,21 +365,12 @@ def main(argv: list[str]) -> int:
     args = _parse(argv[1:])
     if args.worker is not None:
         return run_worker(json.loads(args.worker))
-    figures = [f.strip() for f in args.figures.split(",") if f.strip()]
-    unknown = sorted(set(figures) - set(FIGURES))
-    if unknown:
-        print(
-            f"gpipe benchmark: error: unknown figures {unknown}; choose from {', '.join(FIGURES)}",
-            file=sys.stderr,
-        )
+    figures = harness.chosen_figures("gpipe", args.figures, FIGURES)
+    if figures is None:
         return 2
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        print(
-            "gpipe benchmark: warning: fewer than 2 CPUs; the pipeline figures mean nothing", file=sys.stderr
-        )
+    cpus = harness.usable_cpus("gpipe")
     _speed_figures(args, figures, cpus)
-    if {"memory", "remat_memory"} & set(figures):
+    if set(MEMORY_FIGURES) & set(figures):
         _memory_figures(args, figures, cpus)
     return 0
 

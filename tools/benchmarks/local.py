@@ -27,16 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tools.benchmarks import harness
+
 FIGURES = ("speed", "memory")
 NUM_CLASSES = 16
 
@@ -56,23 +51,10 @@ def _layers(spec: dict) -> list:
 def _setup(spec: dict) -> tuple[Any, int]:
     """Process settings, then TensorFlow, then the model's compiled training step; also the bytes
     of the state the model keeps between steps (weights, hand-off)."""
-    if spec.get("cpus"):
-        os.sched_setaffinity(0, set(spec["cpus"]))
-    if spec["measure"] == "memory":
-        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
+    tf = harness.configure(spec)
     from layers import core, gpipe, local_parallel, partition
     from layers.base_layer import FPropContext
 
-    tf.config.threading.set_intra_op_parallelism_threads(spec.get("intra_op_threads", 0))
-    tf.config.threading.set_inter_op_parallelism_threads(spec.get("inter_op_threads", 0))
-    if spec.get("logical_devices", 1) > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * spec["logical_devices"]
-        )
     width, kind = spec["width"], spec["model"]
     layers = _layers(spec)
     bounds = partition.uniform_bounds(spec["depth"], 2)
@@ -115,111 +97,19 @@ def _setup(spec: dict) -> tuple[Any, int]:
     return step, kept
 
 
-def _timed(step: Any) -> float:
-    start = time.perf_counter()
-    step().numpy()
-    return time.perf_counter() - start
-
-
 def run_worker(spec: dict) -> int:
-    """Builds the step, then answers ``step`` lines on stdin with one JSON line each (``memory``
-    specs print their peak once and exit)."""
+    """Builds the step, then serves it (``harness.serve``); a memory side also reports the state kept
+    between steps."""
     step, kept = _setup(spec)
-    first = _timed(step)
-    for _ in range(spec["warmup"]):
-        step().numpy()
-    if spec["measure"] == "memory":
-        import tensorflow as tf
-
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        step().numpy()
-        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-        print(json.dumps({"peak_bytes": int(peak), "state_bytes": int(kept)}), flush=True)
-        return 0
-    print(json.dumps({"ready": True, "first_step_s": first}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        print(json.dumps({"step_s": _timed(step)}), flush=True)
-    return 0
+    return harness.serve(spec, step, lambda: {"state_bytes": int(kept)})
 
 
 # ------------------------------------------------------------------------------------------ driver
-class _Worker:
-    """A worker subprocess, talked to one JSON line at a time."""
-
-    def __init__(self, spec: dict) -> None:
-        self._key = json.dumps(spec, sort_keys=True)
-        self._log = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.benchmarks.local", f"--worker={self._key}"],
-            cwd=REPO_ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-
-    def read(self) -> dict:
-        for line in self._proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        self._proc.wait()
-        self._log.seek(0)
-        tail = (self._log.read().strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"benchmark worker failed ({self._proc.returncode}) for {self._key}: {tail}")
-
-    def step(self) -> float:
-        self._proc.stdin.write("step\n")
-        self._proc.stdin.flush()
-        return self.read()["step_s"]
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.stdin.close()
-            self._proc.wait(timeout=60)
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-
-
-def _interleaved(specs: dict[str, dict], rounds: int) -> dict[str, dict]:
-    workers = {}
-    try:
-        for name, spec in specs.items():
-            workers[name] = _Worker(spec)
-        for worker in workers.values():
-            worker.read()  # ready
-        times: dict[str, list[float]] = {name: [] for name in workers}
-        for _ in range(rounds):
-            for name, worker in workers.items():
-                times[name].append(worker.step())
-    finally:
-        for worker in workers.values():
-            worker.close()
-    return {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
-
-
-def _memory(spec: dict) -> dict:
-    worker = _Worker(spec)
-    try:
-        return worker.read()
-    finally:
-        worker.close()
-
-
-def _emit(name: str, value: float, **details: Any) -> None:
-    load = round(os.getloadavg()[0], 2)  # 2 cores: above ~2.5 the machine was busy; trust nothing
-    print(json.dumps({"name": name, "value": round(value, 4), **details, "loadavg_1m": load}), flush=True)
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tools.benchmark local", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--figures", default=",".join(FIGURES), help=f"Comma-separated subset of {FIGURES}.")
-    parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps (a smoke test).")
     parser.add_argument("--width", type=int, default=512, help="Width of each dense layer (speed).")
     parser.add_argument("--depth", type=int, default=8, help="Number of dense layers (2 blocks).")
     parser.add_argument(
@@ -227,9 +117,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--memory_width", type=int, default=128, help="Layer width of the memory figure.")
     parser.add_argument("--memory_batch", type=int, default=8192, help="Batch of the memory figure.")
-    parser.add_argument("--steps", type=int, default=5, help="Alternating rounds: timed steps per side.")
-    parser.add_argument("--warmup", type=int, default=2, help="Untimed steps after the first.")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    harness.add_run_flags(parser, steps=5, warmup=2)
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch = 64, 4, 64
@@ -242,23 +130,17 @@ def main(argv: list[str]) -> int:
     args = _parse(argv[1:])
     if args.worker is not None:
         return run_worker(json.loads(args.worker))
-    figures = [f.strip() for f in args.figures.split(",") if f.strip()]
-    unknown = sorted(set(figures) - set(FIGURES))
-    if unknown:
-        print(
-            f"local benchmark: error: unknown figures {unknown}; choose from {', '.join(FIGURES)}",
-            file=sys.stderr,
-        )
+    figures = harness.chosen_figures("local", args.figures, FIGURES)
+    if figures is None:
         return 2
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        print("local benchmark: warning: fewer than 2 CPUs; the figures mean nothing", file=sys.stderr)
+    cpus = harness.usable_cpus("local")
     two_cores = {"cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2, "logical_devices": 2}
     one_core = {"cpus": cpus[:1], "intra_op_threads": 1, "inter_op_threads": 1}
     if "speed" in figures:
         base = {"width": args.width, "depth": args.depth, "batch": args.batch, "measure": "time"}
         base["warmup"], base["micro_batches"] = args.warmup, 8
-        t = _interleaved(
+        t = harness.interleaved(
+            "local",
             {
                 "local": {**base, **two_cores, "model": "local"},
                 "backprop": {**base, **one_core, "model": "plain"},
@@ -271,26 +153,26 @@ def main(argv: list[str]) -> int:
             t[name]["best"] for name in ("local", "backprop", "gpipe", "local_one_core")
         )
         sizes = {"width": args.width, "depth": args.depth, "batch": args.batch, "blocks": 2}
-        _emit(
+        harness.emit(
             "speedup_vs_backprop", backprop_s / local_s, target=1.7, local_step_s=local_s,
             backprop_step_s=backprop_s, median_ratio=round(t["backprop"]["median"] / t["local"]["median"], 4),
             **sizes,
         )  # fmt: skip
-        _emit(
+        harness.emit(
             "speedup_vs_gpipe", gpipe_s / local_s, target=1.1, local_step_s=local_s, gpipe_step_s=gpipe_s,
             gpipe_micro_batches=8, gpipe_remat="never",
             median_ratio=round(t["gpipe"]["median"] / t["local"]["median"], 4), **sizes,
         )  # fmt: skip
-        _emit(
+        harness.emit(
             "overlap", local_1_s / local_s, ideal=2.0, local_step_s=local_s, local_one_core_step_s=local_1_s,
             local_work_ratio=round(local_1_s / backprop_s, 4), **sizes,
         )  # fmt: skip
     if "memory" in figures:
         base = {"width": args.memory_width, "depth": args.depth, "batch": args.memory_batch}
         base.update(measure="memory", warmup=args.warmup, micro_batches=8, **two_cores)
-        local = _memory({**base, "model": "local"})
-        gp = _memory({**base, "model": "gpipe"})
-        _emit(
+        local = harness.run_once("local", {**base, "model": "local"})
+        gp = harness.run_once("local", {**base, "model": "gpipe"})
+        harness.emit(
             "memory_vs_gpipe", local["peak_bytes"] / gp["peak_bytes"], local_peak_bytes=local["peak_bytes"],
             gpipe_peak_bytes=gp["peak_bytes"], local_state_bytes=local["state_bytes"],
             gpipe_state_bytes=gp["state_bytes"], gpipe_micro_batches=8, gpipe_remat="never",

@@ -32,13 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tools.benchmarks import harness
+
 RULES = "batch:data;hidden:model;heads:model;vocab:model"
 
 
@@ -59,16 +58,15 @@ def _experiment(spec: dict) -> Any:
 def run_worker(spec: dict) -> int:
     """One side: builds the step on ``spec['mesh']`` ([] = unsharded) and prints its figures."""
     devices = max(1, spec["devices"])
-    if spec.get("pin"):
-        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:devices]))
-    if spec.get("memory"):
-        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(devices)
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+    tf = harness.configure(
+        {
+            "cpus": sorted(os.sched_getaffinity(0))[:devices] if spec.get("pin") else None,
+            "measure": "memory" if spec.get("memory") else "time",
+            "intra_op_threads": 1,
+            "inter_op_threads": devices,
+            "logical_devices": devices,
+        }
+    )
     from tensorflow.experimental import dtensor
 
     from layers import mesh as mesh_lib
@@ -124,23 +122,12 @@ def run_worker(spec: dict) -> int:
             bool(finite.numpy())
             times.append(time.perf_counter() - start)
         out["step_seconds"] = min(times)
-    print("RESULT " + json.dumps(out), flush=True)
+    print(json.dumps(out), flush=True)
     return 0
 
 
 def _side(spec: dict) -> dict:
-    command = [sys.executable, "-m", "tools.benchmarks.mesh", f"--worker={json.dumps(spec)}"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode != 0 or not lines:
-        raise RuntimeError(f"mesh benchmark worker {spec['mesh']} failed: {result.stderr[-1500:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
-
-
-def _emit(name: str, value: float, **details: Any) -> None:
-    load = round(os.getloadavg()[0], 2)
-    print(json.dumps({"name": name, "value": round(value, 4), **details, "loadavg_1m": load}), flush=True)
+    return harness.run_once("mesh", spec)
 
 
 def main(argv: list[str]) -> int:
@@ -160,7 +147,7 @@ def main(argv: list[str]) -> int:
     base = _side({**size, "mesh": [], "devices": 1})
     for k in (2, 4):
         side = _side({**size, "mesh": [1, k], "devices": k})
-        _emit(
+        harness.emit(
             f"param_bytes_ratio_model{k}",
             side["param_bytes"] / base["param_bytes"],
             target=0.52 if k == 2 else 0.27,
@@ -168,7 +155,7 @@ def main(argv: list[str]) -> int:
             unsharded_bytes=base["param_bytes"],
             **size,
         )
-        _emit(
+        harness.emit(
             f"activation_bytes_ratio_model{k}",
             side["activation_bytes"] / base["activation_bytes"],
             sharded_bytes=side["activation_bytes"],
@@ -180,7 +167,7 @@ def main(argv: list[str]) -> int:
     }
     for k in (2, 4):
         per_device = peaks[k]["step_peak_bytes"] / k
-        _emit(
+        harness.emit(
             f"step_peak_bytes_ratio_model{k}",
             per_device / peaks[1]["step_peak_bytes"],
             per_device_bytes=int(per_device),
@@ -198,7 +185,7 @@ def main(argv: list[str]) -> int:
             seconds = _side({**spec, "steps": steps, "pin": True})["step_seconds"]
             best[name] = min(best.get(name, float("inf")), seconds)
     for name in ("data2", "model2"):
-        _emit(
+        harness.emit(
             f"step_time_ratio_{name}",
             best[name] / best["unsharded"],
             mesh_seconds=round(best[name], 4),

@@ -5,16 +5,16 @@ from __future__ import annotations
 from layers.gpipe import GPipeLayer
 from params import registry
 from params.errors import ConfigError
-from params.experiment import Experiment, cluster_params
+from params.experiment import cluster_params
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
 from tasks.lm.input import SyntheticLmInput
-from tasks.lm.model import transformer_lm_params
 from tasks.lm.vocabulary import NUM_SPECIAL, vocab_params
+from tasks.transformer_experiment import TransformerLmExperiment
 
 
 @registry.register
-class TransformerLM(Experiment):
+class TransformerLM(TransformerLmExperiment):
     """A small causal Transformer on sequences of a random sparse 32-state Markov chain.
 
     The best achievable log-perplexity is known in closed form (``tasks.lm.markov``;
@@ -33,20 +33,13 @@ class TransformerLM(Experiment):
         num_states: int = 32,
         num_successors: int = 4,
         chain_seed: int = 1234,
-        seq_length: int = 32,
-        model_dim: int = 64,
-        num_heads: int = 4,
-        hidden_dim: int = 256,
-        num_layers: int = 2,
-        dropout_prob: float = 0.0,
-        batch_size: int = 32,
-        learning_rate: float = 2e-3,
-        warmup_steps: int = 100,
-        max_steps: int = 1000,
         num_train_sequences: int = 20000,
         num_eval_sequences: int = 1000,
+        **kwargs,
     ) -> None:
-        if min(num_states - 1, num_successors, seq_length, model_dim, num_layers, batch_size, max_steps) < 1:
+        super().__init__(**kwargs)
+        sizes = (num_states - 1, num_successors, self.seq_length, self.model_dim, self.num_layers)
+        if min(*sizes, self.batch_size, self.max_steps) < 1:
             raise ConfigError(
                 "TransformerLM: need num_states >= 2 and num_successors, seq_length, model_dim, "
                 "num_layers, batch_size, max_steps >= 1"
@@ -54,42 +47,9 @@ class TransformerLM(Experiment):
         self.num_states = num_states
         self.num_successors = num_successors
         self.chain_seed = chain_seed
-        self.seq_length = seq_length
-        self.model_dim = model_dim
-        self.num_heads = num_heads
-        self.hidden_dim = hidden_dim
-        self.num_layers = num_layers
-        self.dropout_prob = dropout_prob
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.warmup_steps = warmup_steps
-        self.max_steps = max_steps
+        self.vocab = vocab_params(size=num_states + NUM_SPECIAL)
         self.num_train_sequences = num_train_sequences
         self.num_eval_sequences = num_eval_sequences
-
-    def task(self) -> Params:
-        p = transformer_lm_params(
-            vocab_params(size=self.num_states + NUM_SPECIAL),
-            model_dim=self.model_dim,
-            num_heads=self.num_heads,
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            dropout_prob=self.dropout_prob,
-            max_length=self.seq_length,
-        )
-        p.train.set(
-            optimizer="adam",
-            learning_rate=self.learning_rate,
-            beta2=0.98,
-            lr_schedule="linear_cosine",
-            warmup_steps=self.warmup_steps,
-            max_steps=self.max_steps,
-            clip_gradient_norm_to_value=1.0,
-            save_interval_steps=250,
-            summary_interval_steps=50,
-            log_interval_steps=100,
-        )
-        return p
 
     def _input(self, split: str, seed: int, num_sequences: int) -> Params:
         p = SyntheticLmInput.Params().set(

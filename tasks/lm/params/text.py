@@ -14,18 +14,17 @@ import os
 
 from params import registry
 from params.errors import ConfigError
-from params.experiment import Experiment
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
 from tasks.lm.input import TextLmInput
-from tasks.lm.model import transformer_lm_params
 from tasks.lm.vocabulary import LEVELS, vocab_params
+from tasks.transformer_experiment import TransformerLmExperiment
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
 
 @registry.register
-class TextTransformerLM(Experiment):
+class TextTransformerLM(TransformerLmExperiment):
     """A small causal Transformer LM on the lines of a text file (default: a bundled tiny one).
 
     ``train_file`` is read for training and for the vocabulary (its ``vocab_size - 4`` most frequent
@@ -36,6 +35,10 @@ class TextTransformerLM(Experiment):
     ``TransformerLM`` keeps meaning lm.synthetic.TransformerLM.)
     """
 
+    SAVE_INTERVAL_STEPS = 100
+    SUMMARY_INTERVAL_STEPS = 25
+    LOG_INTERVAL_STEPS = 50
+
     def __init__(
         self,
         train_file: str = os.path.join(DATA, "numbers_train.txt"),
@@ -44,53 +47,26 @@ class TextTransformerLM(Experiment):
         vocab_size: int = 64,
         seq_length: int = 8,
         prompt_length: int = 2,
-        model_dim: int = 64,
-        num_heads: int = 4,
-        hidden_dim: int = 256,
-        num_layers: int = 2,
-        dropout_prob: float = 0.0,
-        batch_size: int = 32,
-        learning_rate: float = 2e-3,
         warmup_steps: int = 50,
         max_steps: int = 300,
+        **kwargs,
     ) -> None:
-        if level not in LEVELS or min(vocab_size - 4, seq_length, model_dim, num_layers, batch_size) < 1:
+        super().__init__(seq_length=seq_length, warmup_steps=warmup_steps, max_steps=max_steps, **kwargs)
+        if (
+            level not in LEVELS
+            or min(vocab_size - 4, seq_length, self.model_dim, self.num_layers, self.batch_size) < 1
+        ):
             raise ConfigError(
                 f"lm.text.TextTransformerLM: level must be one of {', '.join(LEVELS)}, vocab_size > 4 and "
                 "seq_length, model_dim, num_layers, batch_size >= 1"
             )
         self.train_file, self.dev_file = train_file, dev_file
         self.vocab = vocab_params(size=vocab_size, file=train_file, level=level)
-        self.seq_length = seq_length
         self.prompt_length = prompt_length
-        self.model_dim, self.num_heads, self.hidden_dim = model_dim, num_heads, hidden_dim
-        self.num_layers, self.dropout_prob = num_layers, dropout_prob
-        self.batch_size, self.learning_rate = batch_size, learning_rate
-        self.warmup_steps, self.max_steps = warmup_steps, max_steps
 
     def task(self) -> Params:
-        p = transformer_lm_params(
-            self.vocab,
-            model_dim=self.model_dim,
-            num_heads=self.num_heads,
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            dropout_prob=self.dropout_prob,
-            max_length=self.seq_length,
-        )
+        p = super().task()
         p.decode.prompt_length = self.prompt_length
-        p.train.set(
-            optimizer="adam",
-            learning_rate=self.learning_rate,
-            beta2=0.98,
-            lr_schedule="linear_cosine",
-            warmup_steps=self.warmup_steps,
-            max_steps=self.max_steps,
-            clip_gradient_norm_to_value=1.0,
-            save_interval_steps=100,
-            summary_interval_steps=25,
-            log_interval_steps=50,
-        )
         return p
 
     def _input(self, split: str, path: str) -> Params:

@@ -15,18 +15,17 @@ import os
 
 from params import registry
 from params.errors import ConfigError
-from params.experiment import Experiment
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
 from tasks.lm.vocabulary import LEVELS, vocab_params
 from tasks.mt.input import TextMtInput
-from tasks.mt.model import transformer_mt_params
+from tasks.transformer_experiment import TransformerMtExperiment
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
 
 @registry.register
-class Transformer(Experiment):
+class Transformer(TransformerMtExperiment):
     """A small encoder-decoder Transformer on tab-separated source/target lines (default: a bundled file).
 
     ``train_file`` is read for training and for the shared vocabulary (both sides' ``vocab_size - 4``
@@ -36,6 +35,10 @@ class Transformer(Experiment):
     with ``--params_override`` one by one.
     """
 
+    SAVE_INTERVAL_STEPS = 200
+    SUMMARY_INTERVAL_STEPS = 25
+    LOG_INTERVAL_STEPS = 50
+
     def __init__(
         self,
         train_file: str = os.path.join(DATA, "numbers_train.tsv"),
@@ -43,19 +46,15 @@ class Transformer(Experiment):
         level: str = "word",
         vocab_size: int = 64,
         max_length: int = 8,
-        model_dim: int = 64,
-        num_heads: int = 4,
-        hidden_dim: int = 256,
-        num_layers: int = 2,
-        dropout_prob: float = 0.0,
-        label_smoothing: float = 0.1,
-        batch_size: int = 32,
-        learning_rate: float = 2e-3,
         warmup_steps: int = 50,
         max_steps: int = 400,
-        beam_size: int = 4,
+        **kwargs,
     ) -> None:
-        if level not in LEVELS or min(vocab_size - 4, max_length, model_dim, num_layers, batch_size) < 1:
+        super().__init__(warmup_steps=warmup_steps, max_steps=max_steps, **kwargs)
+        if (
+            level not in LEVELS
+            or min(vocab_size - 4, max_length, self.model_dim, self.num_layers, self.batch_size) < 1
+        ):
             raise ConfigError(
                 f"mt.text.Transformer: level must be one of {', '.join(LEVELS)}, vocab_size > 4 and "
                 "max_length, model_dim, num_layers, batch_size >= 1"
@@ -63,36 +62,6 @@ class Transformer(Experiment):
         self.train_file, self.dev_file = train_file, dev_file
         self.vocab = vocab_params(size=vocab_size, file=train_file, level=level)
         self.max_length = max_length
-        self.model_dim, self.num_heads, self.hidden_dim = model_dim, num_heads, hidden_dim
-        self.num_layers, self.dropout_prob, self.label_smoothing = num_layers, dropout_prob, label_smoothing
-        self.batch_size, self.learning_rate = batch_size, learning_rate
-        self.warmup_steps, self.max_steps, self.beam_size = warmup_steps, max_steps, beam_size
-
-    def task(self) -> Params:
-        p = transformer_mt_params(
-            self.vocab,
-            model_dim=self.model_dim,
-            num_heads=self.num_heads,
-            hidden_dim=self.hidden_dim,
-            num_encoder_layers=self.num_layers,
-            num_decoder_layers=self.num_layers,
-            dropout_prob=self.dropout_prob,
-        )
-        p.label_smoothing = self.label_smoothing
-        p.decode.beam_size = self.beam_size
-        p.train.set(
-            optimizer="adam",
-            learning_rate=self.learning_rate,
-            beta2=0.98,
-            lr_schedule="linear_cosine",
-            warmup_steps=self.warmup_steps,
-            max_steps=self.max_steps,
-            clip_gradient_norm_to_value=1.0,
-            save_interval_steps=200,
-            summary_interval_steps=25,
-            log_interval_steps=50,
-        )
-        return p
 
     def _input(self, split: str, path: str) -> Params:
         p = TextMtInput.Params().set(

@@ -1,0 +1,205 @@
+"""What the benchmarks that run each side of a ratio in its own process share (gpipe, local, mesh).
+
+Not a benchmark itself (``tools.benchmark`` does not list it). A side is a worker process, ``python
+-m tools.benchmarks.NAME --worker=JSON``, whose spec says how to set the process up before
+TensorFlow starts, since none of it can change afterwards: ``cpus`` (CPU affinity),
+``intra_op_threads`` / ``inter_op_threads`` (0 or absent: TensorFlow's default), ``logical_devices``
+(that many logical CPU devices, when given) and ``measure`` (``"memory"`` turns on the BFC allocator,
+whose peak the figure reads).
+
+The protocol, one JSON line at a time: a timing worker builds and compiles its step, warms up, prints
+``{"ready": true, ...}``, then answers each ``step`` line on stdin with ``{"step_s": seconds}`` until
+stdin closes; a memory worker prints one result and exits. The driver starts the sides of a figure
+together and steps them in alternating rounds, so all see the same machine load; a side's best step
+counts (load only ever adds time). Every figure is one JSON line with the 1-minute load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------------ worker
+def configure(spec: dict) -> Any:
+    """Sets the process up as ``spec`` says (CPUs, allocator, threads, logical devices), then imports
+    and returns TensorFlow. Call it first in a worker, before anything imports TensorFlow."""
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, set(spec["cpus"]))
+    if spec.get("measure") == "memory":
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(spec.get("intra_op_threads", 0))
+    tf.config.threading.set_inter_op_parallelism_threads(spec.get("inter_op_threads", 0))
+    devices = spec.get("logical_devices")
+    if devices:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+    return tf
+
+
+def timed(step: Callable[[], Any]) -> float:
+    """Seconds of one call of ``step`` (a compiled step returning a tensor), waiting for its result."""
+    start = time.perf_counter()
+    step().numpy()
+    return time.perf_counter() - start
+
+
+def allocator_peak(step: Callable[[], Any]) -> int:
+    """The allocator's peak bytes over one call of ``step`` (logical CPU devices share one allocator,
+    so this is the process's peak)."""
+    import tensorflow as tf
+
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    step().numpy()
+    return int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+
+
+def serve(spec: dict, step: Callable[[], Any], memory: Callable[[], dict] | None = None) -> int:
+    """The worker's side of the protocol for its compiled ``step``: the first (compiling) call and
+    ``spec["warmup"]`` more, then either one memory line (``peak_bytes`` from ``allocator_peak``, then
+    whatever ``memory()`` adds) or a timed step per ``step`` line on stdin."""
+    first = timed(step)
+    for _ in range(spec["warmup"]):
+        step().numpy()
+    if spec["measure"] == "memory":
+        result = {"peak_bytes": allocator_peak(step)}
+        result.update(memory() if memory is not None else {})
+        print(json.dumps({**result, "first_step_s": first}), flush=True)
+        return 0
+    print(json.dumps({"ready": True, "first_step_s": first}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        print(json.dumps({"step_s": timed(step)}), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ driver
+class Worker:
+    """A worker subprocess of benchmark ``name`` (``tools.benchmarks.<name>``), talked to one JSON line
+    at a time."""
+
+    def __init__(self, name: str, spec: dict) -> None:
+        self._key = json.dumps(spec, sort_keys=True)
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", f"tools.benchmarks.{name}", f"--worker={self._key}"],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+
+    def read(self) -> dict:
+        """The worker's next JSON line; a worker that exits first is an error with its last stderr line."""
+        for line in self._proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self._proc.wait()
+        self._log.seek(0)
+        tail = (self._log.read().strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"benchmark worker failed ({self._proc.returncode}) for {self._key}: {tail}")
+
+    def step(self) -> float:
+        self._proc.stdin.write("step\n")
+        self._proc.stdin.flush()
+        return self.read()["step_s"]
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()
+
+
+def _log(name: str, verbose: bool, spec: dict) -> None:
+    if verbose:
+        print(f"{name} benchmark: {json.dumps(spec, sort_keys=True)}", file=sys.stderr, flush=True)
+
+
+def interleaved(name: str, specs: dict[str, dict], rounds: int, verbose: bool = False) -> dict[str, dict]:
+    """Starts one worker per side (``{side: spec}``), waits until all are warmed up, then runs
+    ``rounds`` rounds of one step per side, in turn. Returns each side's ``best`` and ``median`` step
+    seconds."""
+    _log(name, verbose, specs)
+    workers: dict[str, Worker] = {}
+    try:
+        for side, spec in specs.items():
+            workers[side] = Worker(name, spec)
+        for worker in workers.values():
+            worker.read()  # ready
+        times: dict[str, list[float]] = {side: [] for side in workers}
+        for _ in range(rounds):
+            for side, worker in workers.items():
+                times[side].append(worker.step())
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {side: {"best": min(t), "median": statistics.median(t)} for side, t in times.items()}
+
+
+def run_once(name: str, spec: dict, verbose: bool = False) -> dict:
+    """One worker's one result line (a memory side, or any worker that prints one result and exits)."""
+    _log(name, verbose, spec)
+    worker = Worker(name, spec)
+    try:
+        return worker.read()
+    finally:
+        worker.close()
+
+
+def emit(name: str, value: float | None, **details: Any) -> None:
+    """Prints one figure as a JSON line: its name, value (4 decimals; None for a skipped one), details
+    and the 1-minute load average (2 cores: above ~2.5 the machine was busy; trust nothing)."""
+    load = round(os.getloadavg()[0], 2)
+    value = None if value is None else round(value, 4)
+    print(json.dumps({"name": name, "value": value, **details, "loadavg_1m": load}), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ command line
+def add_run_flags(parser: argparse.ArgumentParser, steps: int, warmup: int) -> None:
+    """The flags every such benchmark takes: --quick, --steps, --warmup and the workers' --worker."""
+    parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps (a smoke test).")
+    parser.add_argument("--steps", type=int, default=steps, help="Alternating rounds: timed steps per side.")
+    parser.add_argument("--warmup", type=int, default=warmup, help="Untimed steps after the first.")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+
+
+def chosen_figures(name: str, text: str, known: tuple[str, ...]) -> list[str] | None:
+    """The figures a comma-separated --figures names, or None after one error line on stderr."""
+    figures = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = sorted(set(figures) - set(known))
+    if unknown:
+        print(
+            f"{name} benchmark: error: unknown figures {unknown}; choose from {', '.join(known)}",
+            file=sys.stderr,
+        )
+        return None
+    return figures
+
+
+def usable_cpus(name: str) -> list[int]:
+    """This process's CPUs, sorted; warns on stderr when there are fewer than the two the figures need."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        print(f"{name} benchmark: warning: fewer than 2 CPUs; the figures mean nothing", file=sys.stderr)
+    return cpus
