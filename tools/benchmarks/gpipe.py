@@ -31,6 +31,18 @@ rounds, so all see the same machine load; the best step of each side counts (loa
   it, so this is the process peak); ``live_tensor_ratio`` compares the tensors' own peaks in another,
   traced step (``tools/memory_trace.py``).
 - remat_memory: the same task pipelined, remat always over never.
+- one_f_one_b_time: the speed figures' stack as a K=2 pipeline (remat never, one core per device),
+  its loss computed per micro-batch in the last stage (a head), at M=8 and M=16: the 1F1B step over
+  the fill-drain step (target 1.05: the same bubble, so about the same time).
+- simulator: the relative error of ``layers.pipeline_simulator``'s prediction of those K=2 steps
+  (both schedules, M in {4, 8, 16}; target 0.10). Its costs are measured in the same run: one stage's
+  layers alone on one core, one micro-batch, forward and forward+backward (no update), with no
+  hand-off cost; the last stage's head and the split, join and update are not in the model.
+- one_f_one_b_memory: the same pipelines' BFC peak, 1F1B over fill-drain, at M=8 and M=16 (target
+  0.6 at M=8): a stage holds K - k micro-batches' activations instead of M. Its stack is narrower and
+  its batch larger (16 layers of width 512, batch 8192), so activations outweigh the weights, as in
+  the models pipelines are for; the inputs, targets, weights and gradients (reported) are on both
+  sides.
 - bubble (not in the default set): idle fraction of the K=2 pipeline for each M: 1 - T1(M) /
   (K * T2(M)), with T1(M) the same micro-batched work on one core and T2(M) the pipeline's step;
   theory (K-1)/(M+K-1), which assumes a stage never uses more than its own core.
@@ -47,9 +59,11 @@ from tools.benchmarks import harness
 
 SPEED_FIGURES = ("speedup", "op_parallel_control", "vs_same_cores", "remat_time")  # one shared run
 MEMORY_FIGURES = ("memory", "remat_memory")  # _memory_figures: a peak per side, each side measured once
-FIGURES = (*SPEED_FIGURES, "overhead", "scaling", *MEMORY_FIGURES, "bubble")
+SCHEDULE_FIGURES = ("one_f_one_b_time", "simulator", "one_f_one_b_memory")  # _schedule_figures
+FIGURES = (*SPEED_FIGURES, "overhead", "scaling", *MEMORY_FIGURES, *SCHEDULE_FIGURES, "bubble")
 DEFAULT_FIGURES = tuple(f for f in FIGURES if f != "bubble")
 BUBBLE_MICRO_BATCHES = (1, 2, 4, 8, 16)
+SCHEDULE_MICRO_BATCHES = (4, 8, 16)  # the simulator's; the 1F1B figures report 8 and 16
 SCALING_STAGES = (2, 4, 8)
 
 
@@ -67,12 +81,12 @@ def _model(spec: dict) -> Any:
     from layers import core, gpipe
 
     layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(spec["depth"])]
-    if spec["model"] != "gpipe":
+    if not spec["model"].startswith("gpipe"):
         return core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
     p = gpipe.GPipeLayer.Params().set(
         name="net", layers=layers, num_stages=spec["stages"], num_micro_batches=spec["micro_batches"]
     )
-    return p.set(remat=spec["remat"]).instantiate()
+    return p.set(remat=spec["remat"], schedule=spec.get("schedule", "fill_drain")).instantiate()
 
 
 def _dense_step(spec: dict) -> tuple[Any, Any]:
@@ -90,10 +104,21 @@ def _dense_step(spec: dict) -> tuple[Any, Any]:
     def loss_of(y: Any, t: Any) -> Any:
         return tf.reduce_mean(tf.square(y - t))
 
+    def squared_errors(ctx: Any, y: Any, t: Any) -> Any:
+        return tf.reduce_sum(tf.square(y - t), axis=-1)
+
+    if spec.get("step") in ("forward", "gradients"):  # a stage's costs: no update
+        return _cost_step(spec, model, x, target, squared_errors), variables
+
     @tf.function
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
-        if kind == "plain_micro":
+        if kind == "gpipe_head":  # the loss in the last stage, per micro-batch (as the tasks do)
+            with tf.GradientTape() as tape:
+                per_example = model(ctx, x, head=squared_errors, head_inputs=target)
+                loss = tf.reduce_sum(per_example) / float(spec["batch"] * spec["width"])
+            grads = tape.gradient(loss, variables)
+        elif kind == "plain_micro":
             # Gradient accumulation by hand: one tape per micro-batch, gradients summed.
             m = spec["micro_batches"]
             grads, loss = None, 0.0
@@ -116,6 +141,29 @@ def _dense_step(spec: dict) -> tuple[Any, Any]:
         return loss
 
     return step, variables
+
+
+def _cost_step(spec: dict, model: Any, x: Any, target: Any, head: Any) -> Any:
+    """One micro-batch through the plain stack: the forward alone, or forward and backward (the
+    weight and input gradients; no update): what a stage costs the simulator."""
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
+
+    variables = model.trainable_variables
+
+    @tf.function
+    def step() -> tf.Tensor:
+        ctx = FPropContext(training=True)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(head(ctx, model(ctx, x), target))
+        if spec["step"] == "forward":
+            return loss
+        grads = tape.gradient(loss, [x, *variables])
+        return tf.add_n([tf.reduce_sum(g[:1]) for g in grads])  # every gradient, fetched cheaply
+
+    return step
 
 
 def _task_step(spec: dict) -> tuple[Any, Any]:
@@ -192,12 +240,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory_layers", type=int, default=8, help="Transformer layers of the memory task.")
     parser.add_argument("--memory_seq_length", type=int, default=128, help="Sequence length, memory task.")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch of the memory task.")
+    parser.add_argument(
+        "--schedule_memory_width", type=int, default=512, help="Layer width of one_f_one_b_memory's stack."
+    )
+    parser.add_argument(
+        "--schedule_memory_batch", type=int, default=8192, help="Global batch of one_f_one_b_memory."
+    )
     harness.add_run_flags(parser, steps=4, warmup=1)
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_layers, args.memory_seq_length, args.memory_batch = 16, 2, 16, 16
+        args.schedule_memory_width, args.schedule_memory_batch = 64, 64
         args.steps, args.warmup = 2, 1
     return args
 
@@ -361,6 +416,74 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
         emit("remat_memory", ("always", "never"), peak("always"), peak("never", remat="never"))
 
 
+def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]) -> None:
+    """1F1B against fill-drain on the speed figures' stack (K=2, remat never, the loss in the last
+    stage, one core per device), and the simulator's prediction of those steps."""
+    from layers import pipeline_simulator as simulator
+
+    k = 2
+    base = {
+        "model": "gpipe_head", "width": args.width, "depth": args.depth, "batch": args.batch,
+        "activation": args.activation, "stages": k, "remat": "never", "warmup": args.warmup,
+        "cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2, "logical_devices": k,
+    }  # fmt: skip
+    sizes = {
+        "width": args.width, "depth": args.depth, "global_batch": args.batch, "activation": args.activation,
+        "stages": k, "remat": "never", "loss": "in the last stage, per micro-batch",
+    }  # fmt: skip
+    micro_batches = SCHEDULE_MICRO_BATCHES if "simulator" in figures else SCHEDULE_MICRO_BATCHES[1:]
+    if {"one_f_one_b_time", "simulator"} & set(figures):
+        specs = {
+            f"{schedule}_m{m}": {**base, "measure": "time", "schedule": schedule, "micro_batches": m}
+            for m in micro_batches
+            for schedule in ("fill_drain", "one_f_one_b")
+        }
+        if "simulator" in figures:  # one stage's layers on one micro-batch, on one core
+            stage = {
+                **base, "model": "plain", "depth": args.depth // k, "cpus": cpus[:1], "inter_op_threads": 1,
+                "logical_devices": 1, "stages": 1, "micro_batches": 1, "measure": "time",
+            }  # fmt: skip
+            for m in micro_batches:
+                for step in ("forward", "gradients"):
+                    specs[f"stage_{step}_m{m}"] = {**stage, "batch": args.batch // m, "step": step}
+        t = harness.interleaved("gpipe", specs, args.steps, args.verbose)
+        for m in micro_batches:
+            fill, one = t[f"fill_drain_m{m}"]["best"], t[f"one_f_one_b_m{m}"]["best"]
+            if "one_f_one_b_time" in figures and m in SCHEDULE_MICRO_BATCHES[1:]:
+                harness.emit(
+                    "one_f_one_b_time", one / fill, micro_batches=m, target=1.05, one_f_one_b_step_s=one,
+                    fill_drain_step_s=fill, **sizes,
+                )  # fmt: skip
+            if "simulator" in figures:
+                forward = t[f"stage_forward_m{m}"]["best"]
+                backward = max(0.0, t[f"stage_gradients_m{m}"]["best"] - forward)
+                costs = simulator.StageCosts.given([forward] * k, [backward] * k)
+                for schedule, measured in (("fill_drain", fill), ("one_f_one_b", one)):
+                    predicted = simulator.simulate(schedule, m, "never", costs).step_time
+                    harness.emit(
+                        "simulator", simulator.relative_error(predicted, measured), schedule=schedule,
+                        micro_batches=m, target=0.10, predicted_step_s=round(predicted, 6),
+                        measured_step_s=measured, stage_forward_s=forward, stage_backward_s=backward,
+                        costs="one stage's layers alone on one core, at the micro-batch size", **sizes,
+                    )  # fmt: skip
+    if "one_f_one_b_memory" in figures:
+        width, batch = args.schedule_memory_width, args.schedule_memory_batch
+        sizes = {**sizes, "width": width, "global_batch": batch}
+        for m in SCHEDULE_MICRO_BATCHES[1:]:
+            memory = {**base, "measure": "memory", "micro_batches": m, "width": width, "batch": batch}
+            peaks = {
+                schedule: harness.run_once("gpipe", {**memory, "schedule": schedule}, args.verbose)
+                for schedule in ("fill_drain", "one_f_one_b")
+            }
+            one, fill = peaks["one_f_one_b"], peaks["fill_drain"]
+            harness.emit(
+                "one_f_one_b_memory", one["peak_bytes"] / fill["peak_bytes"], micro_batches=m, target=0.6,
+                live_tensor_ratio=round(one["live_peak_bytes"] / fill["live_peak_bytes"], 4),
+                one_f_one_b_peak_bytes=one["peak_bytes"], fill_drain_peak_bytes=fill["peak_bytes"],
+                weight_bytes=one["weight_bytes"], **sizes,
+            )  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     args = _parse(argv[1:])
     if args.worker is not None:
@@ -372,6 +495,8 @@ def main(argv: list[str]) -> int:
     _speed_figures(args, figures, cpus)
     if set(MEMORY_FIGURES) & set(figures):
         _memory_figures(args, figures, cpus)
+    if set(SCHEDULE_FIGURES) & set(figures):
+        _schedule_figures(args, figures, cpus)
     return 0
 
 
