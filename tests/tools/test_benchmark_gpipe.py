@@ -20,14 +20,17 @@ def test_unknown_figure_is_a_usage_error(capsys):
 def test_default_figures_are_what_users_compare():
     assert set(gpipe_benchmark.DEFAULT_FIGURES) == {
         "speedup", "op_parallel_control", "vs_same_cores", "remat_time", "overhead", "scaling", "memory",
-        "remat_memory",
+        "remat_memory", "one_f_one_b_time", "simulator", "one_f_one_b_memory",
     }  # fmt: skip
+
+
+FIGURES = "overhead,memory,one_f_one_b_memory"
 
 
 @pytest.mark.slow
 def test_quick_run_prints_one_json_line_per_figure():
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.benchmark", "gpipe", "--quick", "--figures=overhead,memory"],
+        [sys.executable, "-m", "tools.benchmark", "gpipe", "--quick", f"--figures={FIGURES}"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -36,7 +39,8 @@ def test_quick_run_prints_one_json_line_per_figure():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert sorted(line["name"] for line in lines) == ["memory", "overhead", "overhead"]
+    names = sorted(line["name"] for line in lines)
+    assert names == ["memory", "one_f_one_b_memory", "one_f_one_b_memory", "overhead", "overhead"]
     for line in lines:
         assert line["loadavg_1m"] >= 0
     overheads = {line["path"]: line for line in lines if line["name"] == "overhead"}
@@ -56,3 +60,10 @@ def test_quick_run_prints_one_json_line_per_figure():
     for side in ("pipeline", "plain"):
         live, traced = memory[f"{side}_live_peak_bytes"], memory[f"{side}_traced_peak_bytes"]
         assert memory["weight_bytes"] < live <= traced
+    # 1F1B against fill-drain, at M=8 and M=16, on the same stack with the loss in the last stage.
+    schedules = {line["micro_batches"]: line for line in lines if line["name"] == "one_f_one_b_memory"}
+    assert sorted(schedules) == [8, 16]
+    for line in schedules.values():
+        ratio = line["one_f_one_b_peak_bytes"] / line["fill_drain_peak_bytes"]
+        assert line["value"] == pytest.approx(ratio, rel=1e-3)
+        assert line["loss"] == "in the last stage, per micro-batch" and line["remat"] == "never"
