@@ -101,18 +101,27 @@ def timeline(
     orders: Sequence[Sequence[Op]],
     cost: dict[str, Sequence[float]],
     transfer: float = 0.0,
+    alone_speedup: Sequence[float] | None = None,
 ) -> list[Event]:
     """Places every op in time, as early as its stage and its inputs allow.
 
     ``cost[kind][k]`` is the duration of one ``kind`` op of stage k; ``transfer`` is added to every
-    hand-off between stages (an activation forward, a gradient backward). Returns the events sorted by
-    start time, then stage. Raises ValueError if the orders deadlock (an op waits for one that can
-    only run after it).
+    hand-off between stages (an activation forward, a gradient backward). ``alone_speedup[k]`` (default
+    1: every stage owns its device) is how many times faster stage k works while no other stage is
+    busy: where the stages' devices share the host's cores, a lone stage's independent ops (a layer's
+    input and weight gradients) spread over the idle ones. Returns the events sorted by start time,
+    then stage. Raises ValueError if the orders deadlock (an op waits for one that can only run after
+    it).
     """
     k_count = len(orders)
     for kind in KINDS:
         if len(cost.get(kind, ())) != k_count:
             raise ValueError(f"cost[{kind!r}] needs one duration per stage ({k_count})")
+    if alone_speedup is not None:
+        if len(alone_speedup) != k_count or any(not (a >= 1.0) for a in alone_speedup):
+            raise ValueError(f"alone_speedup needs a factor >= 1 per stage ({k_count}), got {alone_speedup}")
+        if any(a != 1.0 for a in alone_speedup):
+            return _shared_timeline(orders, cost, transfer, alone_speedup)
     done: dict[Op, float] = {}
     stage_free = [0.0] * k_count
     position = [0] * k_count
@@ -135,9 +144,63 @@ def timeline(
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = [orders[k][position[k]] for k in range(k_count) if position[k] < len(orders[k])]
-            raise ValueError(f"the stage orders deadlock: {stuck} each wait for an op that cannot run")
+            raise _deadlock(orders, position)
     return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def _shared_timeline(
+    orders: Sequence[Sequence[Op]], cost: dict[str, Sequence[float]], transfer: float, alone: Sequence[float]
+) -> list[Event]:
+    """``timeline`` where a stage's speed depends on how many stages are busy: an event loop that
+    advances to the next finish or hand-off, each running op progressing at 1 / cost (times
+    ``alone[k]`` while it is the only one running)."""
+    k_count = len(orders)
+    done: dict[Op, float] = {}
+    position = [0] * k_count
+    running: dict[int, list] = {}  # stage -> [op, start, work left as a fraction of the op]
+    events: list[Event] = []
+    now = 0.0
+    while any(position[k] < len(orders[k]) for k in range(k_count)) or running:
+        waits = []
+        for k in range(k_count):
+            if k in running or position[k] >= len(orders[k]):
+                continue
+            op = orders[k][position[k]]
+            ready = _ready_time(op, k_count, done, transfer)
+            if ready is not None and ready <= now + 1e-12:
+                running[k] = [op, now, 1.0]
+                position[k] += 1
+            elif ready is not None:
+                waits.append(ready - now)
+        for k in [k for k, (op, _, _) in running.items() if float(cost[op.kind][k]) <= 0.0]:
+            op, start, _ = running.pop(k)  # a free op ends where it starts
+            done[op] = now
+            events.append(Event(start, now, op.stage, op.micro_batch, op.kind))
+        if not running:
+            if not waits:
+                if any(position[k] < len(orders[k]) for k in range(k_count)):
+                    raise _deadlock(orders, position)
+                break
+            now += min(waits)
+            continue
+        speed = {
+            k: (alone[k] if len(running) == 1 else 1.0) / float(cost[op.kind][k])
+            for k, (op, _, _) in running.items()
+        }
+        step = min([left / speed[k] for k, (_, _, left) in running.items()] + waits)
+        now += step
+        for k in list(running):
+            running[k][2] -= speed[k] * step
+            if running[k][2] <= 1e-9:
+                op, start, _ = running.pop(k)
+                done[op] = now
+                events.append(Event(start, now, op.stage, op.micro_batch, op.kind))
+    return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def _deadlock(orders: Sequence[Sequence[Op]], position: list[int]) -> ValueError:
+    stuck = [order[p] for order, p in zip(orders, position) if p < len(order)]
+    return ValueError(f"the stage orders deadlock: {stuck} each wait for an op that cannot run")
 
 
 def _ready_time(op: Op, k_count: int, done: dict[Op, float], transfer: float) -> float | None:

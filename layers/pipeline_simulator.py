@@ -5,7 +5,9 @@ time to hand a micro-batch's activation or gradient to the next stage. They can 
 step (time each stage alone at the micro-batch size), from the partition's FLOP counts and a device
 speed, or be given by hand; ``simulate`` lays the schedule of ``layers.pipeline_schedule`` out with
 them. The model assumes what the pipeline is built for: each stage owns its device, a stage runs one
-op at a time, and nothing but the hand-offs is shared.
+op at a time, and nothing but the hand-offs is shared; except that with ``alone_speedup`` > 1 a stage
+works that much faster while it is the only one busy, as on a CPU host whose logical devices share
+the cores (a lone stage's independent ops spread over the idle ones, e.g. in the fill and drain).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class StageCosts:
     backward: tuple[float, ...]
     recompute: tuple[float, ...]
     transfer: float = 0.0
+    # How many times faster a stage works while no other stage is busy (1: each owns its device; more
+    # where the stages' devices share cores, as logical CPU devices do).
+    alone_speedup: float = 1.0
 
     def __post_init__(self) -> None:
         k = len(self.forward)
@@ -40,6 +45,8 @@ class StageCosts:
                 raise ValueError(f"StageCosts.{name} must be >= 0 seconds, got {getattr(self, name)}")
         if not self.transfer >= 0.0:
             raise ValueError(f"StageCosts.transfer must be >= 0 seconds, got {self.transfer}")
+        if not self.alone_speedup >= 1.0:
+            raise ValueError(f"StageCosts.alone_speedup must be >= 1, got {self.alone_speedup}")
 
     @property
     def num_stages(self) -> int:
@@ -52,6 +59,7 @@ class StageCosts:
         backward: Sequence[float] | None = None,
         recompute: Sequence[float] | None = None,
         transfer: float = 0.0,
+        alone_speedup: float = 1.0,
     ) -> StageCosts:
         """Costs by hand: backward defaults to 2x forward, recompute to the forward."""
         fwd = tuple(float(f) for f in forward)
@@ -59,7 +67,7 @@ class StageCosts:
             DEFAULT_BACKWARD_RATIO * f for f in fwd
         )  # fmt: skip
         rec = tuple(float(r) for r in recompute) if recompute is not None else fwd
-        return cls(fwd, bwd, rec, float(transfer))
+        return cls(fwd, bwd, rec, float(transfer), float(alone_speedup))
 
     @classmethod
     def from_flops(
@@ -82,6 +90,7 @@ class StageCosts:
             tuple(b * factor for b in self.backward),
             tuple(r * factor for r in self.recompute),
             self.transfer * factor,
+            self.alone_speedup,
         )
 
 
@@ -120,7 +129,8 @@ def simulate(schedule: str, num_micro_batches: int, remat: str, costs: StageCost
         schedules.BACKWARD: costs.backward,
         schedules.RECOMPUTE: costs.recompute,
     }
-    evs = schedules.timeline(orders, cost, costs.transfer)
+    alone = [costs.alone_speedup] * costs.num_stages
+    evs = schedules.timeline(orders, cost, costs.transfer, alone)
     return Prediction(
         schedule=schedule,
         num_stages=costs.num_stages,

@@ -7,8 +7,9 @@
 Prints one JSON line per schedule (fill_drain, one_f_one_b, or the one named by --schedule). Stage
 costs are one micro-batch's time on each stage: give one value for every stage alike or one per
 stage; the backward defaults to twice the forward and the recompute to the forward. The model: each
-stage owns its device and runs one op at a time; --transfer_ms is added to every hand-off between
-stages. With --png=PREFIX it also writes PREFIX_<schedule>.png, one row per stage.
+stage owns its device and runs one op at a time (unless --alone_speedup says a lone stage runs
+faster); --transfer_ms is added to every hand-off between stages. With --png=PREFIX it also writes
+PREFIX_<schedule>.png, one row per stage.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backward_ms", default=None, help="backward time: one value or K (default 2x forward)")
     p.add_argument("--recompute_ms", default=None, help="recompute time: one value or K (default forward)")
     p.add_argument("--transfer_ms", type=float, default=0.0, help="time of each hand-off between stages")
+    p.add_argument(
+        "--alone_speedup",
+        type=float,
+        default=1.0,
+        help="how many times faster a stage works while no other stage is busy (1: each stage owns its "
+        "device; more where stages share cores, e.g. logical CPU devices: tools.benchmark gpipe measures it)",
+    )
     p.add_argument("--png", default=None, help="write PREFIX_<schedule>.png for each simulated schedule")
     return p
 
@@ -64,6 +72,7 @@ def main(argv: list[str]) -> int:
             _per_stage("backward_ms", args.backward_ms, k),
             _per_stage("recompute_ms", args.recompute_ms, k),
             args.transfer_ms / 1e3,
+            args.alone_speedup,
         )
     except ValueError as e:
         print(f"pipeline_sim: error: {e}", file=sys.stderr)

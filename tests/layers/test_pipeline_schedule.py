@@ -109,3 +109,34 @@ def test_a_deadlocked_order_is_an_error():
 def test_bad_arguments_are_one_line_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ------------------------------------------------------------------- stages sharing the host's cores
+CASES = [(2, 4, "never"), (3, 5, "always"), (4, 8, "except_last"), (1, 3, "never")]
+
+
+@pytest.mark.parametrize("schedule", ps.SCHEDULES)
+@pytest.mark.parametrize("k, m, remat", CASES)
+def test_shared_timeline_without_a_lone_speedup_is_the_plain_timeline(schedule, k, m, remat):
+    """The event loop (taken for any speedup other than 1) gives the closed timeline's events."""
+    orders = ps.stage_orders(schedule, k, m, remat)
+    cost = {kind: [c * (1 + 0.1 * s) for s in range(k)] for kind, c in ps.UNIT_COSTS.items()}
+    plain = ps.timeline(orders, cost, transfer=0.25)
+    shared = ps.timeline(orders, cost, transfer=0.25, alone_speedup=[1.0 + 1e-12] * k)
+    key = lambda e: (e.stage, e.micro_batch, e.kind)  # noqa: E731
+    assert sorted(map(key, shared)) == sorted(map(key, plain))
+    for a, b in zip(sorted(shared, key=key), sorted(plain, key=key)):
+        assert a.start == pytest.approx(b.start) and a.end == pytest.approx(b.end)
+
+
+@pytest.mark.parametrize("schedule", ps.SCHEDULES)
+def test_a_lone_stage_runs_faster(schedule):
+    """K=2, M=4, forward 1, backward 2, 1.5x alone: stage 0's first forward, stage 1's last forward
+    and first backward, and stage 0's last backward run alone (2/3 of their time); the rest in pairs:
+    15 - (1 + 1 + 2 + 2) / 3 = 13."""
+    orders = ps.stage_orders(schedule, 2, 4, "never")
+    cost = {kind: [c] * 2 for kind, c in ps.UNIT_COSTS.items()}
+    evs = ps.timeline(orders, cost, alone_speedup=[1.5, 1.5])
+    assert ps.step_time(evs) == pytest.approx(13.0)
+    with pytest.raises(ValueError, match="alone_speedup needs a factor >= 1 per stage"):
+        ps.timeline(orders, cost, alone_speedup=[0.5, 1.0])

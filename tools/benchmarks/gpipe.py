@@ -37,7 +37,9 @@ rounds, so all see the same machine load; the best step of each side counts (loa
 - simulator: the relative error of ``layers.pipeline_simulator``'s prediction of those K=2 steps
   (both schedules, M in {4, 8, 16}; target 0.10). Its costs are measured in the same run: one stage's
   layers alone on one core, one micro-batch, forward and forward+backward (no update), with no
-  hand-off cost; the last stage's head and the split, join and update are not in the model.
+  hand-off cost; and ``alone_speedup``, that forward+backward on one core over the same on the
+  pipeline's two cores and threads (a lone stage, in the fill and drain, uses the idle core too). The
+  last stage's head and the split, join and update are not in the model.
 - one_f_one_b_memory: the same pipelines' BFC peak, 1F1B over fill-drain, at M=8 and M=16 (target
   0.6 at M=8): a stage holds K - k micro-batches' activations instead of M. Its stack is narrower and
   its batch larger (16 layers of width 512, batch 8192), so activations outweigh the weights, as in
@@ -446,6 +448,11 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
             for m in micro_batches:
                 for step in ("forward", "gradients"):
                     specs[f"stage_{step}_m{m}"] = {**stage, "batch": args.batch // m, "step": step}
+                # The same stage alone on the pipeline's cores and threads: how much faster a lone
+                # stage works (in the fill and drain) when the other stage's core is idle.
+                specs[f"stage_alone_m{m}"] = {
+                    **specs[f"stage_gradients_m{m}"], "cpus": cpus[:2], "inter_op_threads": 2,
+                }  # fmt: skip
         t = harness.interleaved("gpipe", specs, args.steps, args.verbose)
         for m in micro_batches:
             fill, one = t[f"fill_drain_m{m}"]["best"], t[f"one_f_one_b_m{m}"]["best"]
@@ -457,13 +464,15 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
             if "simulator" in figures:
                 forward = t[f"stage_forward_m{m}"]["best"]
                 backward = max(0.0, t[f"stage_gradients_m{m}"]["best"] - forward)
-                costs = simulator.StageCosts.given([forward] * k, [backward] * k)
+                alone = max(1.0, t[f"stage_gradients_m{m}"]["best"] / t[f"stage_alone_m{m}"]["best"])
+                costs = simulator.StageCosts.given([forward] * k, [backward] * k, alone_speedup=alone)
                 for schedule, measured in (("fill_drain", fill), ("one_f_one_b", one)):
                     predicted = simulator.simulate(schedule, m, "never", costs).step_time
                     harness.emit(
                         "simulator", simulator.relative_error(predicted, measured), schedule=schedule,
                         micro_batches=m, target=0.10, predicted_step_s=round(predicted, 6),
                         measured_step_s=measured, stage_forward_s=forward, stage_backward_s=backward,
+                        alone_speedup=round(alone, 4),
                         costs="one stage's layers alone on one core, at the micro-batch size", **sizes,
                     )  # fmt: skip
     if "one_f_one_b_memory" in figures:
