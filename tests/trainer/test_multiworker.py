@@ -96,14 +96,16 @@ def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known regression, open in issue 15: since the tasks compute their loss per micro-batch in "
-    "the last stage (issue 11), two GPipe replicas differ from one process by 8e-4 after 20 steps",
-    strict=False,
-)
 def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
-    """Each worker pipelines its half of the batch over its own 2 logical CPUs (K=2, M=4)."""
-    text = cr.override(20, 20, "task.train.learning_rate : 0.01")  # 0.03 is chaotic with 16-example BN
+    """Each worker pipelines its half of the batch over its own 2 logical CPUs (K=2, M=4).
+
+    In float64: the 8-example micro-batches put relus and max-pools within float32 rounding of
+    their kinks at some steps, where the replicas' different (all-reduced) summation order flips
+    one and the runs part by ~1e-3 in a step (seen at step 9 in float32). In float64 no kink is that
+    close, so any difference left is the algorithm's: a replica's micro-batch must be the matching
+    half of one process's micro-batch, normalised by the same statistics, with the same gradient.
+    """
+    text = cr.override(20, 20, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
     logdir, single = tmp_path / "two", tmp_path / "one"
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [GPIPE, f"--logdir={logdir}", f"--params_override={text}"])
@@ -113,7 +115,7 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
             assert code == 0, f"{proc.name}:\n{out[-3000:]}"
     assert "2 stages" in (logdir / "model_analysis.txt").read_text()
     diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-20"), str(single / "train/ckpt-20"))
-    assert count >= 12 and diff <= 1e-5, diff
+    assert count >= 12 and diff <= 1e-10, diff  # 1.1e-16 seen; float32 rounding alone is 1e-7
 
 
 @pytest.mark.slow
