@@ -4,6 +4,7 @@ Each test picks free ports, bounds every wait, and kills every process it starte
 """
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -138,3 +139,39 @@ def test_async_two_trainers_one_ps_loss_falls(tmp_path):
     ]
     assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
     assert (logdir / "train/ckpt-60.index").exists() and (logdir / "params.txt").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_sync_chief_saves_the_current_step_and_a_restart_resumes(tmp_path):
+    """The workers agree on SIGTERM at the next call of steps: the chief saves that step, all stop."""
+    logdir, single = tmp_path / "run", tmp_path / "one"
+    endless = cr.override(100000, 100000, "task.train.log_interval_steps : 10")
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={endless}"])
+        cr.wait_until(lambda: "step 30/" in cr.output(workers[0]), TIMEOUT, workers)
+        workers[0].send_signal(signal.SIGTERM)
+        (code0, out0), (code1, out1) = procs.wait(workers[0], 60), procs.wait(workers[1], 60)
+        assert code0 == code1 == 143, out0[-3000:] + out1[-3000:]
+        saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
+        assert saved >= 30
+        ckpt = logdir / "train" / f"ckpt-{saved}"
+        assert f"trainer: terminated by SIGTERM at step {saved}; saved {ckpt}" in out0
+        stopped = [line for line in out1.splitlines() if line.startswith("trainer: ")]
+        assert stopped == [
+            f"trainer: worker:1 stopped at step {saved} with the cluster: trainer 0 got SIGTERM; the chief "
+            f"saves ckpt-{saved}; start every process again to resume from it"
+        ], stopped
+        assert "Traceback" not in out0 + out1 and not (logdir / "train/LOCK").exists()
+
+        until = saved + 10
+        text = cr.override(until, 10)
+        restarted = cr.sync_workers(
+            procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r"
+        )
+        _single(procs, CONVNET, single, text)
+        for proc in restarted:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+        assert f"resumed from {ckpt} at step {saved}" in cr.output(restarted[0])
+    diff, _ = cr.max_weight_diff(str(logdir / f"train/ckpt-{until}"), str(single / f"train/ckpt-{until}"))
+    assert diff <= 1e-5, diff
