@@ -206,6 +206,27 @@ def barrier(strategy) -> None:
     strategy.experimental_local_results(tf.function(lambda: strategy.run(one))())
 
 
+def all_reduce_packed(replica, op, tensors: list) -> list:
+    """``replica.all_reduce(op, tensors)`` as one collective per dtype rather than one per tensor.
+
+    Between processes each collective costs a round trip or two (about a millisecond on loopback
+    gRPC, more on a busy core), so a step that all-reduced each gradient and metric on its own spent
+    more time waiting than computing. The sums are elementwise, so packing changes no value."""
+    import tensorflow as tf
+
+    out = list(tensors)
+    by_dtype: dict = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for indices in by_dtype.values():
+        parts = [tensors[i] for i in indices]
+        sizes = [tf.size(t) for t in parts]
+        packed = replica.all_reduce(op, tf.concat([tf.reshape(t, [-1]) for t in parts], 0))
+        for i, t, piece in zip(indices, parts, tf.split(packed, tf.stack(sizes), num=len(parts))):
+            out[i] = tf.reshape(piece, tf.shape(t))
+    return out
+
+
 def terminated_workers(strategy, num_workers: int):
     """A function ``(this worker's index, got SIGTERM) -> indices of the workers that got SIGTERM``.
 
