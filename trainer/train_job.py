@@ -224,18 +224,23 @@ class TrainLoop:
     def _terminate(self) -> None:
         """SIGTERM: save at the current step (unless saved already), then stop; the LOCK is released
         on the way out (``close()``). A data-parallel worker other than the chief saves nothing."""
-        if not self.is_chief:
-            names = ", ".join(f"trainer {i}" for i in self._sigterm_workers)
-            raise signals.Terminated(
-                f"{self._parallel.name} stopped at step {self.step} with the cluster: {names} got SIGTERM; "
-                f"the chief saves ckpt-{self.step}; start every process again to resume from it"
-            )
         if self.is_chief and self.checkpointer.latest_step != self.step:
             if not bool(self.step_fn.weights_finite().numpy()):
                 raise signals.Terminated(f"terminated by SIGTERM at step {self.step}; not saved (NaN/Inf)")
             path = self.checkpointer.save(self.step)
             self._writer.flush()
             self._log(f"trainer: saved {path}")
+        if self._parallel is not None:
+            names = ", ".join(f"trainer {i}" for i in self._sigterm_workers)
+            saved = (
+                f"saved {self.checkpointer.latest_path}"
+                if self.is_chief
+                else f"the chief saves ckpt-{self.step}"
+            )
+            raise signals.Terminated(
+                f"{self._parallel.name} stopped at step {self.step} with the cluster: {names} got SIGTERM; "
+                f"{saved}; start every process again to resume from it"
+            )
         raise signals.Terminated(
             f"terminated by SIGTERM at step {self.step}; saved {self.checkpointer.latest_path}; run the "
             "same command to resume from it"

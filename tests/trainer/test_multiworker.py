@@ -142,25 +142,31 @@ def test_async_two_trainers_one_ps_loss_falls(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_sync_chief_saves_the_current_step_and_a_restart_resumes(tmp_path):
-    """The workers agree on SIGTERM at the next call of steps: the chief saves that step, all stop."""
+@pytest.mark.parametrize("signalled", [0, 1])
+def test_sigterm_to_a_sync_trainer_saves_the_current_step_and_a_restart_resumes(tmp_path, signalled):
+    """The trainers agree on SIGTERM at the next call of steps: all stop there, the chief saves it."""
     logdir, single = tmp_path / "run", tmp_path / "one"
     endless = cr.override(100000, 100000, "task.train.log_interval_steps : 10")
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={endless}"])
         cr.wait_until(lambda: "step 30/" in cr.output(workers[0]), TIMEOUT, workers)
-        workers[0].send_signal(signal.SIGTERM)
+        workers[signalled].send_signal(signal.SIGTERM)
         (code0, out0), (code1, out1) = procs.wait(workers[0], 60), procs.wait(workers[1], 60)
         assert code0 == code1 == 143, out0[-3000:] + out1[-3000:]
         saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
         assert saved >= 30
         ckpt = logdir / "train" / f"ckpt-{saved}"
-        assert f"trainer: terminated by SIGTERM at step {saved}; saved {ckpt}" in out0
-        stopped = [line for line in out1.splitlines() if line.startswith("trainer: ")]
-        assert stopped == [
-            f"trainer: worker:1 stopped at step {saved} with the cluster: trainer 0 got SIGTERM; the chief "
-            f"saves ckpt-{saved}; start every process again to resume from it"
-        ], stopped
+        stopped = f"stopped at step {saved} with the cluster: trainer {signalled} got SIGTERM"
+        lines = [
+            [line for line in out.splitlines() if line.startswith("trainer: ") and "stopped" in line]
+            for out in (out0, out1)
+        ]
+        again = "start every process again to resume from it"
+        assert lines == [
+            [f"trainer: worker:0 {stopped}; saved {ckpt}; {again}"],
+            [f"trainer: worker:1 {stopped}; the chief saves ckpt-{saved}; {again}"],
+        ], lines
+        assert f"trainer: saved {ckpt}" in out0
         assert "Traceback" not in out0 + out1 and not (logdir / "train/LOCK").exists()
 
         until = saved + 10
