@@ -70,6 +70,8 @@ class TrainLoop:
         self.step_fn: TrainStep | None = None
         self.checkpointer: Checkpointer | None = None
         self._steps_per_call = 1  # grows to about MAX_SECONDS_PER_CALL of work once speed is known
+        self._terminated_workers: Callable[[int, bool], list[int]] | None = None  # data parallel
+        self._sigterm_workers: list[int] = []
 
     # ------------------------------------------------------------------------------------ set-up
     def __enter__(self) -> TrainLoop:
@@ -142,6 +144,7 @@ class TrainLoop:
         self.step = int(self.step_fn.global_step.numpy())
         self.step_fn.skip_to(self.step)
         self._steps_per_call = PARALLEL_STEPS_PER_CALL
+        self._terminated_workers = distributed.terminated_workers(parallel.strategy, parallel.num_workers)
         if self.is_chief:
             self._log(f"trainer: {parallel.num_workers} workers in sync; this is the chief ({parallel.name})")
             self._record_run(path, self.root.to_text())
@@ -176,7 +179,7 @@ class TrainLoop:
         summary_rate, log_rate = _Rate(self.step), _Rate(self.step)
         last_save_time = time.perf_counter()
         while self.step < until:
-            if sigterm.raised:
+            if self._stop(sigterm):
                 self._terminate()
             stop = self._next_stop(self.step, until, self._steps_per_call)
             start = time.perf_counter()
@@ -206,19 +209,38 @@ class TrainLoop:
                 last_save_time = time.perf_counter()
         if self.is_chief and self.step >= max_steps and self.checkpointer.latest_step != self.step:
             self.save()
-        if sigterm.raised:
+        if self._stop(sigterm):
             self._terminate()
         return self.step
 
+    def _stop(self, sigterm: signals.Flag) -> bool:
+        """Whether to stop for SIGTERM now. Data parallel: whether any worker got one (every worker
+        asks at the same steps, so all stop at the same step and the chief saves it)."""
+        if self._terminated_workers is None:
+            return sigterm.raised
+        self._sigterm_workers = self._terminated_workers(self._parallel.worker_index, sigterm.raised)
+        return bool(self._sigterm_workers)
+
     def _terminate(self) -> None:
         """SIGTERM: save at the current step (unless saved already), then stop; the LOCK is released
-        on the way out (``close()``)."""
+        on the way out (``close()``). A data-parallel worker other than the chief saves nothing."""
         if self.is_chief and self.checkpointer.latest_step != self.step:
             if not bool(self.step_fn.weights_finite().numpy()):
                 raise signals.Terminated(f"terminated by SIGTERM at step {self.step}; not saved (NaN/Inf)")
             path = self.checkpointer.save(self.step)
             self._writer.flush()
             self._log(f"trainer: saved {path}")
+        if self._parallel is not None:
+            names = ", ".join(f"trainer {i}" for i in self._sigterm_workers)
+            saved = (
+                f"saved {self.checkpointer.latest_path}"
+                if self.is_chief
+                else f"the chief saves ckpt-{self.step}"
+            )
+            raise signals.Terminated(
+                f"{self._parallel.name} stopped at step {self.step} with the cluster: {names} got SIGTERM; "
+                f"{saved}; start every process again to resume from it"
+            )
         raise signals.Terminated(
             f"terminated by SIGTERM at step {self.step}; saved {self.checkpointer.latest_path}; run the "
             "same command to resume from it"

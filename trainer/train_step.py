@@ -23,7 +23,7 @@ from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import tracing
+from trainer import distributed, tracing
 
 # Names the trainer writes next to the task's metrics in train summaries.
 RESERVED_SUMMARY_NAMES = ("steps_per_sec", "examples_per_sec")
@@ -94,10 +94,13 @@ class TrainStep:
             mean = tf.distribute.ReduceOp.MEAN
             grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
             present = [i for i, g in enumerate(grads) if g is not None]
-            reduced = replica.all_reduce(mean, [grads[i] for i in present])
+            names = sorted(values)
+            reduced = distributed.all_reduce_packed(
+                replica, mean, [grads[i] for i in present] + [values[n] for n in names]
+            )
             for i, g in zip(present, reduced):
                 grads[i] = g
-            values = replica.all_reduce(mean, values)
+            values = dict(zip(names, reduced[len(present) :]))
             loss = tf.cast(values["loss"], loss.dtype)  # the same on every replica: all stop together
         return loss, grads, ctx, values
 

@@ -78,9 +78,10 @@ class ImageClassifierTask(base_task.BaseTask):
         def head(ctx: FPropContext, features: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
             out = self.softmax.fprop(ctx, features, targets["label"], targets["weight"])
             predicted = tf.argmax(out["logits"], axis=-1, output_type=tf.int32)
-            correct = tf.cast(tf.equal(predicted, targets["label"]), tf.float32)
-            w = targets["weight"]
-            return {"xent": out["per_example_xent"] * w, "correct": correct * w, "weight": w}
+            xent = out["per_example_xent"]
+            w = tf.cast(targets["weight"], xent.dtype)  # float64 for a float64 model
+            correct = tf.cast(tf.equal(predicted, targets["label"]), xent.dtype)
+            return {"xent": xent * w, "correct": correct * w, "weight": w}
 
         sums = pipeline(ctx, images, head=head, head_inputs={"label": labels, "weight": weights})
         # The total from the batch, not from the pipeline's outputs: a loss normalized by those would
@@ -113,7 +114,7 @@ class ImageClassifierTask(base_task.BaseTask):
         predicted = tf.argmax(predictions["logits"], axis=-1, output_type=tf.int32)
         correct = tf.cast(tf.equal(predicted, labels), tf.float32)
         total = out["total_weight"]
-        accuracy = tf.math.divide_no_nan(tf.reduce_sum(correct * weights), total)
+        accuracy = tf.math.divide_no_nan(tf.cast(tf.reduce_sum(correct * weights), total.dtype), total)
         return {"loss": (out["avg_xent"], total), "accuracy": (accuracy, total)}
 
     def decode(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,13 +90,20 @@ def sync_workers(procs: Procs, workers: int, flags: list[str], prefix: str = "w"
 
 
 def wait_for(path: Path, timeout: float, procs: list[subprocess.Popen]) -> None:
+    wait_until(path.exists, timeout, procs, str(path))
+
+
+def wait_until(
+    ready: Callable[[], bool], timeout: float, procs: list[subprocess.Popen], what: str = "the condition"
+) -> None:
+    """Returns once ``ready()``; fails if one of ``procs`` exits first or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not ready():
         dead = [p for p in procs if p.poll() is not None]
         if dead:
             raise AssertionError(f"{dead[0].name} exited ({dead[0].returncode}):\n{output(dead[0])[-3000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear within {timeout} s")
+            raise AssertionError(f"{what} did not happen within {timeout} s")
         time.sleep(0.2)
 
 

@@ -4,6 +4,7 @@ Each test picks free ports, bounds every wait, and kills every process it starte
 """
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -96,14 +97,16 @@ def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known regression, open in issue 15: since the tasks compute their loss per micro-batch in "
-    "the last stage (issue 11), two GPipe replicas differ from one process by 8e-4 after 20 steps",
-    strict=False,
-)
 def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
-    """Each worker pipelines its half of the batch over its own 2 logical CPUs (K=2, M=4)."""
-    text = cr.override(20, 20, "task.train.learning_rate : 0.01")  # 0.03 is chaotic with 16-example BN
+    """Each worker pipelines its half of the batch over its own 2 logical CPUs (K=2, M=4).
+
+    In float64: the 8-example micro-batches put relus and max-pools within float32 rounding of
+    their kinks at some steps, where the replicas' different (all-reduced) summation order flips
+    one and the runs part by ~1e-3 in a step (seen at step 9 in float32). In float64 no kink is that
+    close, so any difference left is the algorithm's: a replica's micro-batch must be the matching
+    half of one process's micro-batch, normalised by the same statistics, with the same gradient.
+    """
+    text = cr.override(20, 20, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
     logdir, single = tmp_path / "two", tmp_path / "one"
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [GPIPE, f"--logdir={logdir}", f"--params_override={text}"])
@@ -113,7 +116,7 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
             assert code == 0, f"{proc.name}:\n{out[-3000:]}"
     assert "2 stages" in (logdir / "model_analysis.txt").read_text()
     diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-20"), str(single / "train/ckpt-20"))
-    assert count >= 12 and diff <= 1e-5, diff
+    assert count >= 12 and diff <= 1e-10, diff  # 1.1e-16 seen; float32 rounding alone is 1e-7
 
 
 @pytest.mark.slow
@@ -136,3 +139,45 @@ def test_async_two_trainers_one_ps_loss_falls(tmp_path):
     ]
     assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
     assert (logdir / "train/ckpt-60.index").exists() and (logdir / "params.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signalled", [0, 1])
+def test_sigterm_to_a_sync_trainer_saves_the_current_step_and_a_restart_resumes(tmp_path, signalled):
+    """The trainers agree on SIGTERM at the next call of steps: all stop there, the chief saves it."""
+    logdir, single = tmp_path / "run", tmp_path / "one"
+    endless = cr.override(100000, 100000, "task.train.log_interval_steps : 10")
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={endless}"])
+        cr.wait_until(lambda: "step 30/" in cr.output(workers[0]), TIMEOUT, workers)
+        workers[signalled].send_signal(signal.SIGTERM)
+        (code0, out0), (code1, out1) = procs.wait(workers[0], 60), procs.wait(workers[1], 60)
+        assert code0 == code1 == 143, out0[-3000:] + out1[-3000:]
+        saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
+        assert saved >= 30
+        ckpt = logdir / "train" / f"ckpt-{saved}"
+        stopped = f"stopped at step {saved} with the cluster: trainer {signalled} got SIGTERM"
+        lines = [
+            [line for line in out.splitlines() if line.startswith("trainer: ") and "stopped" in line]
+            for out in (out0, out1)
+        ]
+        again = "start every process again to resume from it"
+        assert lines == [
+            [f"trainer: worker:0 {stopped}; saved {ckpt}; {again}"],
+            [f"trainer: worker:1 {stopped}; the chief saves ckpt-{saved}; {again}"],
+        ], lines
+        assert f"trainer: saved {ckpt}" in out0
+        assert "Traceback" not in out0 + out1 and not (logdir / "train/LOCK").exists()
+
+        until = saved + 10
+        text = cr.override(until, 10)
+        restarted = cr.sync_workers(
+            procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r"
+        )
+        _single(procs, CONVNET, single, text)
+        for proc in restarted:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+        assert f"resumed from {ckpt} at step {saved}" in cr.output(restarted[0])
+    diff, _ = cr.max_weight_diff(str(logdir / f"train/ckpt-{until}"), str(single / f"train/ckpt-{until}"))
+    assert diff <= 1e-5, diff

@@ -135,8 +135,10 @@ def _body_layers(batch_norm: bool):
     ]
 
 
-def _image_task(pipeline: dict | None, batch_norm: bool = False) -> ImageClassifierTask:
-    p = ImageClassifierTask.Params()
+def _image_task(
+    pipeline: dict | None, batch_norm: bool = False, dtype: tf.DType = tf.float32
+) -> ImageClassifierTask:
+    p = ImageClassifierTask.Params().set(dtype=dtype)
     layers = _body_layers(batch_norm)
     if pipeline is None:
         p.body.sub = layers
@@ -168,6 +170,18 @@ def test_pipelined_body_computes_the_loss_per_micro_batch_in_its_last_stage(
     for name, (value, weight) in plain.fprop(EVAL, weighted).items():
         got = [float(got_eval[name][0]), float(got_eval[name][1])]
         np.testing.assert_allclose(got, [float(value), float(weight)], rtol=1e-5)
+
+
+def test_pipelined_float64_body_computes_float64_metrics_equal_to_the_unpipelined(batch) -> None:
+    """A float64 model's head multiplies its float64 cross-entropy by the (float32) example weights."""
+    weighted = {**batch, "weight": tf.constant([1.0, 0.0, 0.5] * 8)}
+    plain = _image_task(None, dtype=tf.float64)
+    piped = _image_task({"num_micro_batches": 4, "remat": "always"}, dtype=tf.float64)
+    copy_weights(plain, piped)
+    metrics = piped.fprop(FPropContext(training=True, step=0, seed=11), weighted)
+    assert metrics["loss"][0].dtype == tf.float64 and metrics["accuracy"][1].dtype == tf.float64
+    want = metrics_and_grads(plain, weighted)
+    assert_same(metrics_and_grads(piped, weighted), want, rtol=1e-12, atol=1e-13)
 
 
 def test_pipelined_body_with_batch_norm_equals_the_loss_after_the_pipeline(batch) -> None:
