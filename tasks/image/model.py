@@ -81,12 +81,12 @@ class ImageClassifierTask(base_task.BaseTask):
             xent = out["per_example_xent"]
             w = tf.cast(targets["weight"], xent.dtype)  # float64 for a float64 model
             correct = tf.cast(tf.equal(predicted, targets["label"]), xent.dtype)
-            return {"xent": xent * w, "correct": correct * w, "weight": w}
+            return {"xent": xent * w, "correct": correct * w}
 
         sums = pipeline(ctx, images, head=head, head_inputs={"label": labels, "weight": weights})
         # The total from the batch, not from the pipeline's outputs: a loss normalized by those would
         # make each micro-batch's gradient wait for every micro-batch's forward (1F1B cannot run it).
-        total = tf.reduce_sum(weights)
+        total = tf.cast(tf.reduce_sum(weights), sums["xent"].dtype)
         loss = tf.math.divide_no_nan(tf.reduce_sum(sums["xent"]), total)
         accuracy = tf.math.divide_no_nan(tf.reduce_sum(sums["correct"]), total)
         return {"loss": (loss, total), "accuracy": (accuracy, total)}

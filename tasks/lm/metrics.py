@@ -63,7 +63,7 @@ def metrics_from_sums(sums: dict[str, tf.Tensor], paddings: tf.Tensor | None = N
     pipeline's sums come out of its last stage, and a loss normalized by them would make each
     micro-batch's gradient wait for every micro-batch's forward (which 1F1B cannot run)."""
     if paddings is not None:
-        num_tokens = tf.reduce_sum(1.0 - tf.cast(paddings, tf.float32))
+        num_tokens = tf.reduce_sum(1.0 - tf.cast(paddings, sums["num_tokens"].dtype))
     else:
         num_tokens = tf.reduce_sum(sums["num_tokens"])
     metrics = {
