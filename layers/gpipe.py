@@ -54,7 +54,6 @@ from params.hyperparams import InstantiableParams, Params
 REMAT_POLICIES = schedules.REMAT_POLICIES
 SCHEDULES = schedules.SCHEDULES
 
-StageFn = Callable[[FPropContext, Any], Any]
 HeadFn = Callable[[FPropContext, Any, Any], Any]
 
 
@@ -307,7 +306,7 @@ class GPipeLayer(BaseLayer):
         return self._report
 
     # ------------------------------------------------------------------------------------- fprop
-    def _stage_fn(self, k: int, head: HeadFn | None = None) -> StageFn:
+    def _stage_fn(self, k: int, head: HeadFn | None = None) -> stage_ops.StageFn:
         layers = self.stage_layers(k)
 
         def run(ctx: FPropContext, x: Any) -> Any:
