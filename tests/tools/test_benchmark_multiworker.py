@@ -1,0 +1,52 @@
+"""``python -m tools.benchmark multiworker``: real trainer clusters on loopback, a JSON line per run and
+round, and the ratios of each side's best round."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_zero_rounds_is_a_usage_error():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.benchmark", "multiworker", "--rounds=0"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--rounds must be >= 1" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_rounds_print_each_run_and_the_ratios_of_the_best():
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "tools.benchmark", "multiworker", "--steps=110", "--log_every=20",
+            "--skip_lines=1", "--batch_size=64", "--no_async", "--rounds=2", "--timeout=240",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    runs, (ratios,) = lines[:-1], lines[-1:]
+    order = [(run["round"], run["workers"]) for run in runs]
+    assert order == [(1, 1), (1, 1), (1, 2), (2, 1), (2, 1), (2, 2)]  # one, sync1, sync; again
+    best = {
+        key: max(run["examples_per_sec"] for run in runs if run["run"].startswith(prefix))
+        for key, prefix in (("one", "1 process"), ("sync1", "1 sync"), ("sync", "2 sync"))
+    }
+    assert ratios["examples_per_sec"] == best and ratios["rounds"] == 2
+    assert ratios["sync_over_one"] == pytest.approx(best["sync"] / best["one"], abs=1e-3)
+    product = ratios["sync1_over_one"] * ratios["sync_over_sync1"]
+    assert ratios["sync_over_one"] == pytest.approx(product, rel=1e-2)
+    assert all(run["loadavg_1m"] >= 0 for run in lines)
