@@ -26,6 +26,21 @@ def _single(procs: cr.Procs, model: str, logdir, text: str) -> None:
     assert code == 0, out[-3000:]
 
 
+def _restart_equals_one_process(procs: cr.Procs, logdir, single, saved: int, more: int) -> None:
+    """Restarts both sync workers to train ``more`` steps past ``ckpt-<saved>``, and one process from
+    scratch as far: the chief resumes from that checkpoint and the weights come out equal."""
+    until = saved + more
+    text = cr.override(until, more)
+    restarted = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r")
+    _single(procs, CONVNET, single, text)
+    for proc in restarted:
+        code, out = procs.wait(proc, TIMEOUT)
+        assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    assert f"resumed from {logdir / 'train'}/ckpt-{saved} at step {saved}" in cr.output(restarted[0])
+    diff, _ = cr.max_weight_diff(str(logdir / f"train/ckpt-{until}"), str(single / f"train/ckpt-{until}"))
+    assert diff <= 1e-5, diff
+
+
 @pytest.mark.slow
 def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once(tmp_path):
     text = cr.override(20, 10, "task.eval.poll_interval_seconds : 0.2")
@@ -81,19 +96,7 @@ def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
         )
         saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
 
-        until = saved + 20
-        text = cr.override(until, 20)
-        restarted = cr.sync_workers(
-            procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r"
-        )
-        _single(procs, CONVNET, single, text)
-        for proc in restarted:
-            code, out = procs.wait(proc, TIMEOUT)
-            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
-        assert f"resumed from {logdir / 'train'}/ckpt-{saved} at step {saved}" in cr.output(restarted[0])
-
-    diff, _ = cr.max_weight_diff(str(logdir / f"train/ckpt-{until}"), str(single / f"train/ckpt-{until}"))
-    assert diff <= 1e-5, diff
+        _restart_equals_one_process(procs, logdir, single, saved, 20)
 
 
 @pytest.mark.slow
@@ -169,15 +172,4 @@ def test_sigterm_to_a_sync_trainer_saves_the_current_step_and_a_restart_resumes(
         assert f"trainer: saved {ckpt}" in out0
         assert "Traceback" not in out0 + out1 and not (logdir / "train/LOCK").exists()
 
-        until = saved + 10
-        text = cr.override(until, 10)
-        restarted = cr.sync_workers(
-            procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={text}"], "r"
-        )
-        _single(procs, CONVNET, single, text)
-        for proc in restarted:
-            code, out = procs.wait(proc, TIMEOUT)
-            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
-        assert f"resumed from {ckpt} at step {saved}" in cr.output(restarted[0])
-    diff, _ = cr.max_weight_diff(str(logdir / f"train/ckpt-{until}"), str(single / f"train/ckpt-{until}"))
-    assert diff <= 1e-5, diff
+        _restart_equals_one_process(procs, logdir, single, saved, 10)
