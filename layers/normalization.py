@@ -116,7 +116,7 @@ def _moments(x: tf.Tensor, axes: list[int]) -> tuple[tf.Tensor, tf.Tensor]:
     count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype)
     # One collective for the sums and the count (each collective between processes is a round trip).
     sums = replica.all_reduce(total, tf.concat([tf.reduce_sum(x, axis=axes), count[None]], 0))
-    mean = sums[:-1] / sums[-1]
     count = sums[-1]
+    mean = sums[:-1] / count
     squares = replica.all_reduce(total, tf.reduce_sum(tf.square(x - mean), axis=axes))
     return mean, squares / count

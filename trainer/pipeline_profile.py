@@ -86,14 +86,10 @@ def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[schedules.E
             continue
         match = matches[-1]  # the innermost: the tape nests a backward under its forward op's scope
         # A recompute's own gradient ops are named gradient_tape/stage_k_micro_batch_m_grad/recompute/.
-        taped = "gradient_tape" in scope.split("/")
-        kind = (
-            schedules.BACKWARD
-            if taped or (match[3] and not match[4])
-            else schedules.RECOMPUTE
-            if match[4]
-            else schedules.FORWARD
-        )
+        if "gradient_tape" in scope.split("/") or (match[3] and not match[4]):
+            kind = schedules.BACKWARD
+        else:
+            kind = schedules.RECOMPUTE if match[4] else schedules.FORWARD
         groups.setdefault((int(match[1]), int(match[2]), kind), []).append((start, end))
     if not groups:
         return []
