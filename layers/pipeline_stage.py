@@ -5,7 +5,8 @@ recomputing the forward first under re-materialization. ``BackwardState`` sums e
 gradients over micro-batches, in the order the schedule runs the backwards, and hands the sums to the
 tape once. ``StageOrder`` makes the graph run each stage's forwards and backwards in the order of
 ``layers.pipeline_schedule.stage_orders``: every unit of work (a forward, or a backward with its
-recompute) opens with a gate that waits for the end of the stage's previous unit. The tape builds the
+recompute) waits for the end of the stage's previous unit: a forward after a forward through its
+inputs (``after``), any other unit through a gate it opens with. The tape builds the
 backwards after every forward (and in reverse micro-batch order), so an edge to a unit built earlier
 is added to that unit's gate afterwards. That is how 1F1B's "forward m + K - k after backward m" is
 enforced inside the one compiled step. Such an edge would close a cycle if micro-batch m's output
@@ -63,6 +64,11 @@ class StageOrder:
             yield
             return
         before = self._previous.get((stage, micro_batch, kind))
+        if kind == schedules.FORWARD and (before is None or before[2] == schedules.FORWARD):
+            # A stage's forward already takes its inputs after its previous forward's outputs (the
+            # data edge of ``after``): a gate would only add executor hops between the stages.
+            yield
+            return
         end = self._ends.get(before) if before else None
         with tf.control_dependencies([end] if end is not None else []):
             gate = tf.no_op(name="gate")
