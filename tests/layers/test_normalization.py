@@ -158,3 +158,40 @@ def test_bfloat16_batch_norm_keeps_float32_statistics():
 def test_batch_norm_rejects_bad_decay(decay):
     with pytest.raises(ConfigError, match=r"bn: params.decay must be a number in \[0.0, 1.0\)"):
         _batch_norm(decay=decay)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+def test_sync_batch_norm_on_two_replicas_equals_one_batch(offset):
+    """Two in-sync replicas (two logical CPUs), half the batch each, normalize by the whole batch's
+    moments and get its gradients (against one float64 layer on the whole batch). With an offset of
+    1000 the sums must be shifted by the moving mean: E[x^2] - E[x]^2 of the raw values would lose the
+    variance to float32 rounding (outputs off by about 1e-2)."""
+    x = _data((8, 3, 3, 3)) + offset
+    weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        synced = _batch_norm()
+    single = _batch_norm(dtype=tf.float64)
+    for layer in (synced, single):
+        layer.vars["gamma"].assign([1.0, 2.0, 0.5])
+        layer.vars["moving_mean"].assign([offset + 0.5] * 3)  # as after some training
+
+    def loss_and_grads(layer, inputs, outputs_weights):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            y = layer(FPropContext(training=True), inputs)
+            loss = tf.reduce_sum(y * outputs_weights)
+        return (y, *tape.gradient(loss, [inputs, layer.vars["gamma"], layer.vars["beta"]]))
+
+    halves = [np.split(a, 2) for a in (x, weights)]
+    distribute = strategy.experimental_distribute_values_from_function
+    shards = [distribute(lambda ctx, h=h: h[ctx.replica_id_in_sync_group]) for h in halves]
+    per_replica = tf.function(lambda a, b: strategy.run(lambda u, v: loss_and_grads(synced, u, v), (a, b)))
+    got = per_replica(*shards)
+    want = loss_and_grads(single, tf.constant(x, tf.float64), tf.constant(weights, tf.float64))
+    local = [strategy.experimental_local_results(t) for t in got]
+    for i in range(2):  # the outputs and input gradients of each half
+        np.testing.assert_allclose(local[0][i], np.split(want[0], 2)[i], atol=1e-4)
+        np.testing.assert_allclose(local[1][i], np.split(want[1], 2)[i], atol=1e-4)
+    for k in (2, 3):  # gamma and beta: the replicas' gradients add up to the whole batch's
+        np.testing.assert_allclose(local[k][0] + local[k][1], want[k], rtol=1e-5, atol=1e-4)
