@@ -1,5 +1,5 @@
-"""``python -m tools.benchmark multiworker``: real trainer clusters on loopback, a JSON line per run and
-round, and the ratios of each side's best round."""
+"""``python -m tools.benchmark multiworker``: real trainer clusters on loopback (and two independent
+trainers at once), a JSON line per run and round, and the ratios of each side's best round."""
 
 import json
 import subprocess
@@ -11,16 +11,20 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_zero_rounds_is_a_usage_error():
+@pytest.mark.parametrize(
+    "flag, message",
+    [("--rounds=0", "--rounds must be >= 1"), ("--batch_size=63", "--batch_size must be even")],
+)
+def test_bad_flags_are_a_usage_error(flag, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.benchmark", "multiworker", "--rounds=0"],
+        [sys.executable, "-m", "tools.benchmark", "multiworker", flag],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert proc.returncode == 2 and "--rounds must be >= 1" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 @pytest.mark.slow
@@ -40,13 +44,21 @@ def test_two_rounds_print_each_run_and_the_ratios_of_the_best():
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     runs, (ratios,) = lines[:-1], lines[-1:]
     order = [(run["round"], run["workers"]) for run in runs]
-    assert order == [(1, 1), (1, 1), (1, 2), (2, 1), (2, 1), (2, 2)]  # one, sync1, sync; again
+    assert order == [(r, w) for r in (1, 2) for w in (1, 1, 2, 2)]  # one, sync1, independent, sync
+    prefixes = (("one", "1 process"), ("sync1", "1 sync"), ("independent", "2 indep"), ("sync", "2 sync"))
     best = {
         key: max(run["examples_per_sec"] for run in runs if run["run"].startswith(prefix))
-        for key, prefix in (("one", "1 process"), ("sync1", "1 sync"), ("sync", "2 sync"))
+        for key, prefix in prefixes
     }
+    for run in runs:  # both independent processes printed rates; their figure is the sum
+        assert ("per_process" in run) == run["run"].startswith("2 indep")
+        if "per_process" in run:
+            assert len(run["per_process"]) == 2 and all(rate > 0 for rate in run["per_process"])
+            assert run["examples_per_sec"] == pytest.approx(sum(run["per_process"]), abs=0.2)
     assert ratios["examples_per_sec"] == best and ratios["rounds"] == 2
     assert ratios["sync_over_one"] == pytest.approx(best["sync"] / best["one"], abs=1e-3)
-    product = ratios["sync1_over_one"] * ratios["sync_over_sync1"]
-    assert ratios["sync_over_one"] == pytest.approx(product, rel=1e-2)
+    factors = [("sync1_over_one", "sync_over_sync1"), ("independent_over_one", "sync_over_independent")]
+    for first, second in factors:
+        product = ratios[first] * ratios[second]
+        assert ratios["sync_over_one"] == pytest.approx(product, rel=1e-2)
     assert all(run["loadavg_1m"] >= 0 for run in lines)

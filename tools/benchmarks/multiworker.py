@@ -3,16 +3,19 @@
 Runs, one after the other on this machine, the real binary (``python -m trainer``) with the same
 experiment and global batch: one trainer process pinned to one core (``--mode=train``); a sync cluster
 of one trainer (``--mode=sync``, pinned to one core: what the strategy costs with no peer to exchange
-with); 2 sync trainers (``--mode=sync``, each pinned to its own core); and async (``--mode=async``: 2
-trainers, a controller and a ps). Each process runs with one intra- and one inter-op thread. (In the
-async run nothing is pinned: pinned to one core each, the async trainers never ran a step on this TF
-2.21 build; the controller waited on them until the timeout.) The figure of a run is the median of the
-examples/s its chief prints between log lines (the first ``--skip_lines`` lines, which include
-tracing, are left out). The sides take turns for ``--rounds`` rounds, and each side's figure is its
-best round: a side's run cannot be alternated step by step with the others' (each is a cluster of
-processes), and load only ever slows a run, so the best round is the least disturbed. Prints one JSON
-line per run (with its round) and one with the ratios of the best rounds, each with the 1-minute load
-average.
+with); two independent trainer processes at once (``--mode=train``, each pinned to its own core, each
+with half the global batch: what a sync trainer computes, without the all-reduces; the sum of their
+rates is the most two sync trainers could reach on this machine, whose two cores share caches, memory
+bandwidth and a host with other tenants); 2 sync trainers (``--mode=sync``, each pinned to its own
+core); and async (``--mode=async``: 2 trainers, a controller and a ps). Each process runs with one
+intra- and one inter-op thread. (In the async run nothing is pinned: pinned to one core each, the async
+trainers never ran a step on this TF 2.21 build; the controller waited on them until the timeout.) The
+figure of a run is the median of the examples/s its chief prints between log lines (the first
+``--skip_lines`` lines, which include tracing, are left out; for the independent pair, the sum of both
+processes' medians). The sides take turns for ``--rounds`` rounds, and each side's figure is its best
+round: a side's run cannot be alternated step by step with the others' (each is a cluster of processes),
+and load only ever slows a run, so the best round is the least disturbed. Prints one JSON line per run
+(with its round) and one with the ratios of the best rounds, each with the 1-minute load average.
 """
 
 from __future__ import annotations
@@ -50,17 +53,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no_sync1", action="store_true", help="Skip the run of a sync cluster of 1 worker (1 core)."
     )
+    parser.add_argument(
+        "--no_independent",
+        action="store_true",
+        help="Skip the run of 2 independent processes (1 core and half the batch each).",
+    )
     parser.add_argument("--timeout", type=float, default=300, help="Seconds a run may take.")
     parser.add_argument(
         "--rounds",
         type=int,
         default=2,
-        help="Times each side runs, in turn (one, sync1, sync, async, then again); its best round counts.",
+        help="Times each side runs, in turn (one, sync1, independent, sync, async, then again); its best "
+        "round counts.",
     )
     return parser.parse_args(argv[1:])
 
 
-def _override(args: argparse.Namespace) -> str:
+def _override(args: argparse.Namespace, batch_size: int) -> str:
     return "; ".join(
         [
             f"task.train.max_steps : {args.steps}",
@@ -68,7 +77,7 @@ def _override(args: argparse.Namespace) -> str:
             "task.train.summary_interval_steps : 0",
             "task.train.save_interval_steps : 0",
             "task.train.save_interval_seconds : 0",
-            f"input.train.batch_size : {args.batch_size}",
+            f"input.train.batch_size : {batch_size}",
             "cluster.intra_op_threads : 1",
             "cluster.inter_op_threads : 1",
         ]
@@ -79,8 +88,9 @@ def _cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _run(tasks: list[local_cluster.Task], pins: dict[str, int], timeout: float) -> tuple[list[float], str]:
-    """Runs a cluster; returns the rates its chief printed and the chief's output."""
+def _run(tasks: list[local_cluster.Task], pins: dict[str, int], timeout: float) -> list[list[float]]:
+    """Runs the processes of a side; returns the rates each one that ends by itself printed (in a
+    cluster only the chief prints them)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TF_CONFIG", None)
     procs = []
@@ -116,40 +126,55 @@ def _run(tasks: list[local_cluster.Task], pins: dict[str, int], timeout: float) 
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    text = ""
-    for t, _, out in procs:
+    rates = []
+    for t, p, out in procs:
         out.seek(0)
-        if t is chief:
-            text = out.read()
+        text = out.read()
         out.close()
-    if chief_proc.returncode != 0:
-        raise RuntimeError(f"{chief.name} failed ({chief_proc.returncode}):\n{text[-2000:]}")
-    return [float(m.group(2)) for m in RATE.finditer(text)], text
+        if t.server:
+            continue
+        if p.returncode != 0:
+            raise RuntimeError(f"{t.name} failed ({p.returncode}):\n{text[-2000:]}")
+        rates.append([float(m.group(2)) for m in RATE.finditer(text)])
+    return rates
 
 
-def _figure(name: str, rates: list[float], skip: int, workers: int) -> dict:
-    kept = rates[skip:] or rates
-    return {
+def _figure(name: str, rates: list[list[float]], skip: int, workers: int) -> dict:
+    """The sum over the processes that printed rates of each one's median (after ``skip`` lines)."""
+    kept = [r[skip:] or r for r in rates if r]
+    medians = [statistics.median(r) for r in kept]
+    figure = {
         "benchmark": "multiworker",
         "run": name,
         "workers": workers,
-        "examples_per_sec": round(statistics.median(kept), 1) if kept else None,
-        "rate_lines": len(kept),
+        "examples_per_sec": round(sum(medians), 1) if medians else None,
+        "rate_lines": sum(len(r) for r in kept),
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
+    if len(medians) > 1:
+        figure["per_process"] = [round(m, 1) for m in medians]
+    return figure
 
 
 def _sides(args: argparse.Namespace, cores: list[int], logdir: str) -> list[tuple[str, str, int, list, dict]]:
     """(key, name, workers, tasks, pins) of each side, its logs under ``logdir``."""
-    flags = [f"--model={args.model}", f"--params_override={_override(args)}"]
-    one = [sys.executable, "-m", "trainer", "--job=controller,trainer", f"--logdir={logdir}/one", *flags]
-    single = [local_cluster.Task("trainer", 0, one)]
-    sides = [("one", "1 process, 1 core", 1, single, {"trainer:0": cores[0]})]
+    flags = [f"--model={args.model}", f"--params_override={_override(args, args.batch_size)}"]
+
+    def alone(index: int, name: str, batch_size: int) -> local_cluster.Task:
+        override = f"--params_override={_override(args, batch_size)}"
+        command = [sys.executable, "-m", "trainer", "--job=controller,trainer", f"--logdir={logdir}/{name}"]
+        return local_cluster.Task("trainer", index, [*command, f"--model={args.model}", override])
+
+    pins = {"trainer:0": cores[0], "trainer:1": cores[1]}
+    sides = [("one", "1 process, 1 core", 1, [alone(0, "one", args.batch_size)], pins)]
     if not args.no_sync1:  # the strategy's own cost: collectives with no peer to wait for
         tasks = local_cluster.tasks(1, 0, [f"--logdir={logdir}/sync1", *flags])
-        sides.append(("sync1", "1 sync worker, 1 core", 1, tasks, {"trainer:0": cores[0]}))
+        sides.append(("sync1", "1 sync worker, 1 core", 1, tasks, pins))
+    if not args.no_independent:  # the machine's own limit: two cores that share caches and memory
+        pair = [alone(i, f"independent{i}", args.batch_size // 2) for i in (0, 1)]
+        name = "2 independent processes, 1 core and half the batch each"
+        sides.append(("independent", name, 2, pair, pins))
     tasks = local_cluster.tasks(2, 0, [f"--logdir={logdir}/sync", *flags])
-    pins = {"trainer:0": cores[0], "trainer:1": cores[1]}
     sides.append(("sync", "2 sync workers, 1 core each", 2, tasks, pins))
     if not args.no_async:
         # Unpinned: with each trainer pinned to one core, the trainers of TF 2.21 never ran a step.
@@ -167,11 +192,14 @@ def main(argv: list[str]) -> int:
     if args.rounds < 1:
         print("multiworker: --rounds must be >= 1", file=sys.stderr)
         return 2
+    if args.batch_size < 2 or args.batch_size % 2:
+        print(f"multiworker: --batch_size must be even (2 workers), got {args.batch_size}", file=sys.stderr)
+        return 2
     best: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="multiworker-") as tmp:
         for r in range(1, args.rounds + 1):
             for key, name, workers, tasks, pins in _sides(args, cores, f"{tmp}/round{r}"):
-                rates, _ = _run(tasks, pins, args.timeout)
+                rates = _run(tasks, pins, args.timeout)
                 figure = _figure(name, rates, args.skip_lines, workers)
                 print(json.dumps({**figure, "round": r}), flush=True)
                 if figure["examples_per_sec"] is not None:
@@ -188,6 +216,9 @@ def main(argv: list[str]) -> int:
     if "sync1" in best:  # sync_over_one = sync1_over_one * sync_over_sync1
         ratios["sync1_over_one"] = round(best["sync1"] / best["one"], 3)
         ratios["sync_over_sync1"] = round(best["sync"] / best["sync1"], 3)
+    if "independent" in best:  # sync_over_one = independent_over_one * sync_over_independent
+        ratios["independent_over_one"] = round(best["independent"] / best["one"], 3)
+        ratios["sync_over_independent"] = round(best["sync"] / best["independent"], 3)
     if "async" in best:
         ratios["async_over_one"] = round(best["async"] / best["one"], 3)
     load = round(os.getloadavg()[0], 2)
