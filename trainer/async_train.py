@@ -7,9 +7,10 @@ the gradients of its own batch and applies them at once (no all-reduce, no waiti
 trainers): that is what asynchronous means, and why async runs are not reproducible. The controller
 joins the scheduled steps at each event (log, summary, save, max_steps) and writes the logdir:
 params.txt, summaries, progress lines and checkpoints (task, learner, global step; a restart resumes
-from the latest). Each trainer reads the train input from its own copy of the pipeline, with its
-batches shuffled by a per-process random order, so trainers do not all compute on the same batches;
-input positions are not checkpointed in async mode.
+from the latest). SIGTERM to the controller lets the scheduled steps finish, saves the step they
+reached and stops (exit 143). Each trainer reads the train input from its own copy of the pipeline,
+with its batches shuffled by a per-process random order, so trainers do not all compute on the same
+batches; input positions are not checkpointed in async mode.
 
 Trainers and ps run a ``tf.distribute.Server`` until they are stopped (tools/local_cluster stops
 them when the controller is done). A trainer that dies is retried by the coordinator on the others;
@@ -26,7 +27,7 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import distributed, files, model_analysis, progress
+from trainer import distributed, files, model_analysis, progress, signals
 from trainer.checkpointer import Checkpointer
 from trainer.lock import TrainerLock
 from trainer.summaries import SummaryWriter
@@ -124,28 +125,42 @@ class AsyncController:
         ]
         workers = len(self.role.cluster["worker"])
         self._log(f"trainer: async controller: {workers} trainers, {len(self.role.cluster['ps'])} ps")
-        while step < max_steps:
-            stop = min([max_steps] + [(step // i + 1) * i for i in intervals])
-            start = time.perf_counter()
-            results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(stop - step)]
-            coordinator.join()
-            finite, outputs = results[-1].fetch()
-            if not bool(finite):
-                raise UserError(
-                    f"training diverged: the loss is {outputs['task']['loss']} near step {stop}; stopped "
-                    f"without saving (last checkpoint: {checkpointer.latest_path or 'none'})"
-                )
-            rate = (stop - step) / max(time.perf_counter() - start, 1e-9)
-            step = stop
-            if p.summary_interval_steps > 0 and step % p.summary_interval_steps == 0:
-                values = {n: float(v) for group in ("task", "learner") for n, v in outputs[group].items()}
-                values.update(steps_per_sec=rate, examples_per_sec=rate * step_fn.batch_size)
-                writer.scalars(step, values)
-            if p.log_interval_steps > 0 and step % p.log_interval_steps == 0:
-                loss = float(outputs["task"]["loss"])
-                self._log(progress.progress_line(step, max_steps, loss, rate, rate * step_fn.batch_size))
-            if (p.save_interval_steps > 0 and step % p.save_interval_steps == 0) or step == max_steps:
-                saved = checkpointer.save(step)
-                writer.flush()
-                self._log(f"trainer: saved {saved}")
+        with signals.deferred() as sigterm:
+            while step < max_steps and not sigterm.raised:
+                stop = min([max_steps] + [(step // i + 1) * i for i in intervals])
+                start = time.perf_counter()
+                results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(stop - step)]
+                coordinator.join()
+                finite, outputs = results[-1].fetch()
+                if not bool(finite):
+                    raise UserError(
+                        f"training diverged: the loss is {outputs['task']['loss']} near step {stop}; stopped "
+                        f"without saving (last checkpoint: {checkpointer.latest_path or 'none'})"
+                    )
+                rate = (stop - step) / max(time.perf_counter() - start, 1e-9)
+                step = stop
+                if p.summary_interval_steps > 0 and step % p.summary_interval_steps == 0:
+                    values = {n: float(v) for group in ("task", "learner") for n, v in outputs[group].items()}
+                    values.update(steps_per_sec=rate, examples_per_sec=rate * step_fn.batch_size)
+                    writer.scalars(step, values)
+                if p.log_interval_steps > 0 and step % p.log_interval_steps == 0:
+                    loss = float(outputs["task"]["loss"])
+                    self._log(progress.progress_line(step, max_steps, loss, rate, rate * step_fn.batch_size))
+                if (p.save_interval_steps > 0 and step % p.save_interval_steps == 0) or step == max_steps:
+                    saved = checkpointer.save(step)
+                    writer.flush()
+                    self._log(f"trainer: saved {saved}")
+            if sigterm.raised:
+                self._terminate(step, checkpointer, writer)
         self._log(f"trainer: done at step {step}; logdir {self.logdir}")
+
+    def _terminate(self, step: int, checkpointer: Checkpointer, writer: SummaryWriter) -> None:
+        """SIGTERM: save the step the scheduled steps reached (unless saved already), then stop."""
+        if checkpointer.latest_step != step:
+            saved = checkpointer.save(step)
+            writer.flush()
+            self._log(f"trainer: saved {saved}")
+        raise signals.Terminated(
+            f"async controller stopped by SIGTERM at step {step}; saved {checkpointer.latest_path}; start "
+            "it again (with its trainers and ps) to resume from it"
+        )

@@ -89,6 +89,14 @@ def sync_workers(procs: Procs, workers: int, flags: list[str], prefix: str = "w"
     ]
 
 
+def async_cluster(
+    procs: Procs, workers: int, ps: int, flags: list[str], prefix: str = ""
+) -> list[subprocess.Popen]:
+    """A controller, ``workers`` trainers and ``ps`` parameter servers of one async cluster on free
+    ports; the controller first."""
+    return [procs.start(f"{prefix}{t.name}", t.command[1:]) for t in local_cluster.tasks(workers, ps, flags)]
+
+
 def wait_for(path: Path, timeout: float, procs: list[subprocess.Popen]) -> None:
     wait_until(path.exists, timeout, procs, str(path))
 

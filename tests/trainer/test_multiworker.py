@@ -145,6 +145,37 @@ def test_async_two_trainers_one_ps_loss_falls(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_async_controller_saves_the_current_step_and_a_restart_resumes(tmp_path):
+    logdir = tmp_path / "async"
+    endless = cr.override(100000, 100000, "task.train.log_interval_steps : 10")
+    with cr.Procs(tmp_path) as procs:
+        flags = [CONVNET, f"--logdir={logdir}"]
+        cluster = cr.async_cluster(procs, 2, 1, [*flags, f"--params_override={endless}"])
+        controller = cluster[0]
+        cr.wait_until(lambda: "step 30/" in cr.output(controller), TIMEOUT, cluster)
+        controller.send_signal(signal.SIGTERM)
+        code, out = procs.wait(controller, 60)
+        assert code == 143, out[-3000:]
+        saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
+        ckpt = logdir / "train" / f"ckpt-{saved}"
+        assert saved >= 30 and f"trainer: saved {ckpt}\n" in out
+        stopped = [line for line in out.splitlines() if "SIGTERM" in line]
+        assert stopped == [
+            f"trainer: async controller stopped by SIGTERM at step {saved}; saved {ckpt}; start it again "
+            "(with its trainers and ps) to resume from it"
+        ], stopped
+        assert "Traceback" not in out and not (logdir / "train/LOCK").exists()
+        procs.close()  # the trainers and ps serve until stopped
+
+        more = cr.override(saved + 10, 10)
+        again = cr.async_cluster(procs, 2, 1, [*flags, f"--params_override={more}"], "r")
+        code, out = procs.wait(again[0], TIMEOUT)
+        assert code == 0, out[-3000:]
+        assert f"trainer: resumed from {ckpt} at step {saved}" in out
+        assert (logdir / "train" / f"ckpt-{saved + 10}.index").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("signalled", [0, 1])
 def test_sigterm_to_a_sync_trainer_saves_the_current_step_and_a_restart_resumes(tmp_path, signalled):
     """The trainers agree on SIGTERM at the next call of steps: all stop there, the chief saves it."""
