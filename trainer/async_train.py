@@ -147,9 +147,7 @@ class AsyncController:
                     loss = float(outputs["task"]["loss"])
                     self._log(progress.progress_line(step, max_steps, loss, rate, rate * step_fn.batch_size))
                 if (p.save_interval_steps > 0 and step % p.save_interval_steps == 0) or step == max_steps:
-                    saved = checkpointer.save(step)
-                    writer.flush()
-                    self._log(f"trainer: saved {saved}")
+                    self._save(step, checkpointer, writer)
             if sigterm.raised:
                 self._terminate(step, checkpointer, writer)
         self._log(f"trainer: done at step {step}; logdir {self.logdir}")
@@ -157,10 +155,13 @@ class AsyncController:
     def _terminate(self, step: int, checkpointer: Checkpointer, writer: SummaryWriter) -> None:
         """SIGTERM: save the step the scheduled steps reached (unless saved already), then stop."""
         if checkpointer.latest_step != step:
-            saved = checkpointer.save(step)
-            writer.flush()
-            self._log(f"trainer: saved {saved}")
+            self._save(step, checkpointer, writer)
         raise signals.Terminated(
             f"async controller stopped by SIGTERM at step {step}; saved {checkpointer.latest_path}; start "
             "it again (with its trainers and ps) to resume from it"
         )
+
+    def _save(self, step: int, checkpointer: Checkpointer, writer: SummaryWriter) -> None:
+        saved = checkpointer.save(step)
+        writer.flush()
+        self._log(f"trainer: saved {saved}")

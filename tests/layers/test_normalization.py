@@ -168,7 +168,11 @@ def test_sync_batch_norm_on_two_replicas_equals_one_batch(offset):
     variance to float32 rounding (outputs off by about 1e-2)."""
     x = _data((8, 3, 3, 3)) + offset
     weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # Reduced through one device, not with collective ops: the process's collective group keys are
+    # shared, and a two-device group here clashes with the four-device DTensor meshes of other tests
+    # in this pytest process ("joining a group that is already full"), poisoning every collective after.
+    one_device = tf.distribute.ReductionToOneDevice("/cpu:0")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=one_device)
     with strategy.scope():
         synced = _batch_norm()
     single = _batch_norm(dtype=tf.float64)
