@@ -60,6 +60,9 @@ class DigitsInput(BaseInput):
         images = (digits.images[index] / 16.0).astype(np.float32)[..., np.newaxis]
         return images, digits.target[index].astype(np.int32)
 
-    def examples(self) -> tf.data.Dataset:
+    def in_memory(self) -> dict[str, np.ndarray]:
         images, labels = self.load()
-        return tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
+        return {"image": images, "label": labels}
+
+    def examples(self) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(self.in_memory())

@@ -86,3 +86,42 @@ def test_iterator_resumes_from_a_checkpoint(tmp_path, seed) -> None:
 def test_bad_settings_are_config_errors(settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         RangeInput.Params().set(name="train", **settings).instantiate()
+
+
+class InMemoryRangeInput(RangeInput):
+    """RangeInput that also offers its arrays: a sharded dataset shuffles row numbers and gathers."""
+
+    def in_memory(self) -> dict[str, np.ndarray]:
+        x = np.arange(self.params.num_examples, dtype=np.int64)
+        return {"x": x, "y": 2 * x}
+
+
+@pytest.mark.parametrize("num_samples", [0, 13])
+def test_a_shard_gathered_from_memory_equals_the_element_pipeline(num_samples) -> None:
+    """Shuffling never looks at the elements, so shuffling row numbers and gathering gives each worker
+    the very batches (order included) of shuffling the examples, over several reshuffled epochs."""
+    settings = dict(batch_size=8, shuffle_seed=5, repeat=True, num_samples=num_samples)
+
+    def shard(cls, index: int) -> list[dict]:
+        inp = cls.Params().set(**settings).instantiate()
+        inp.shard(index, 2)
+        return list(inp.dataset().take(12).as_numpy_iterator())
+
+    for index in (0, 1):
+        got, want = shard(InMemoryRangeInput, index), shard(RangeInput, index)
+        assert len(got) == len(want) == 12
+        for a, b in zip(got, want):
+            assert a["x"].shape == (4,) and a["x"].dtype == b["x"].dtype
+            np.testing.assert_array_equal(a["x"], b["x"])
+            np.testing.assert_array_equal(a["y"], 2 * a["x"])
+
+
+def test_one_process_reads_examples_not_the_arrays() -> None:
+    """Its iterator position is checkpointed: the pipeline it restores into must stay the same."""
+
+    class ArraysRefused(InMemoryRangeInput):
+        def in_memory(self) -> dict[str, np.ndarray]:
+            raise AssertionError("in_memory() called for one process")
+
+    p = ArraysRefused.Params().set(batch_size=8, shuffle_seed=5, repeat=True)
+    assert _batches(p, 2)[1].shape == (8,)
