@@ -65,4 +65,5 @@ class DigitsInput(BaseInput):
         return {"image": images, "label": labels}
 
     def examples(self) -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensor_slices(self.in_memory())
+        images, labels = self.load()
+        return tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})

@@ -1,0 +1,42 @@
+"""``python -m tools.benchmark input``: the training input's cost a step, whole and per worker."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.benchmark", "input", *flags],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--workers=1"], "--workers >= 2"), (["--batch_size=63"], "a multiple of --workers")],
+)
+def test_bad_flags_are_a_usage_error(flags, message):
+    proc = _run(*flags)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_prints_each_side_and_the_ratios():
+    proc = _run("--steps=5", "--rounds=2", "--batch_size=64")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    sides = {line["side"]: line["ms_per_step"] for line in lines if "side" in line}
+    assert set(sides) == {"one", "worker_elements", "worker"} and all(v > 0 for v in sides.values())
+    ratios = lines[-1]
+    want = sides["worker"] / sides["worker_elements"]
+    assert ratios["worker_over_worker_elements"] == pytest.approx(want, rel=0.01)
+    assert ratios["global_batch"] == 64 and ratios["workers"] == 2
