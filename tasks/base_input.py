@@ -9,7 +9,7 @@ first: worker ``index`` then reads examples ``index, index + count, ...`` of the
 batches of ``batch_size / count``, so the workers' batches at each step together hold exactly the
 examples of the one-process global batch. Each worker walks the whole shuffled stream to keep its
 share; an input whose data set fits in memory (``in_memory()``) lets it walk example *indices* instead
-and gather its rows a batch at a time (the same batches, for about a third of the tf.data work, which
+and gather its rows a batch at a time (the same batches, for less than half the tf.data work, which
 on a worker with one core is compute taken from the step). File readers (TFRecord, text lines) are in
 ``tasks.readers``.
 """
@@ -90,10 +90,13 @@ class BaseInput:
         p = self.params
         index, count = self._shard
         arrays = self.in_memory() if count > 1 else None
-        if arrays is None:
+        if not arrays:
             ds = self.examples()
         else:  # shuffle and shard row numbers: shuffling does not look at the elements
-            ds = tf.data.Dataset.range(len(next(iter(arrays.values()))))
+            rows = {len(value) for value in arrays.values()}
+            if len(rows) != 1:
+                raise ConfigError(f"input {p.name!r}: in_memory() arrays differ in rows: {sorted(rows)}")
+            ds = tf.data.Dataset.range(rows.pop())
         if p.num_samples:
             ds = ds.take(p.num_samples)
         if p.shuffle_seed is not None:
@@ -107,7 +110,7 @@ class BaseInput:
             ds = ds.padded_batch(batch_size, drop_remainder=p.drop_remainder)
         else:
             ds = ds.batch(batch_size, drop_remainder=p.drop_remainder)
-        if arrays is not None:
+        if arrays:
             tensors = {name: tf.constant(value) for name, value in arrays.items()}
             ds = ds.map(lambda rows: {name: tf.gather(t, rows) for name, t in tensors.items()})
         return ds.prefetch(2)

@@ -1,4 +1,5 @@
-"""BaseInput: take/shuffle/repeat/batch, validation, and resuming an iterator from a checkpoint."""
+"""BaseInput: take/shuffle/repeat/batch, validation, resuming an iterator from a checkpoint, and a
+worker's shard read from arrays in memory."""
 
 from __future__ import annotations
 
@@ -125,3 +126,14 @@ def test_one_process_reads_examples_not_the_arrays() -> None:
 
     p = ArraysRefused.Params().set(batch_size=8, shuffle_seed=5, repeat=True)
     assert _batches(p, 2)[1].shape == (8,)
+
+
+def test_arrays_of_different_lengths_are_a_config_error() -> None:
+    class Ragged(RangeInput):
+        def in_memory(self) -> dict[str, np.ndarray]:
+            return {"x": np.arange(4), "y": np.arange(5)}
+
+    inp = Ragged.Params().set(batch_size=8).instantiate()
+    inp.shard(0, 2)
+    with pytest.raises(ConfigError, match=r"in_memory\(\) arrays differ in rows: \[4, 5\]"):
+        inp.dataset()
