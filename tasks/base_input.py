@@ -72,8 +72,12 @@ class BaseInput:
         return self._params
 
     def examples(self) -> tf.data.Dataset:
-        """One example (a dict of tensors) per element, in a deterministic order."""
-        raise NotImplementedError(f"{type(self).__name__}.examples")
+        """One example (a dict of tensors) per element, in a deterministic order (by default the rows
+        of ``in_memory()``)."""
+        arrays = self.in_memory()
+        if arrays is None:
+            raise NotImplementedError(f"{type(self).__name__}.examples")
+        return tf.data.Dataset.from_tensor_slices(arrays)
 
     def in_memory(self) -> dict[str, np.ndarray] | None:
         """The whole data set as arrays, one row per example in ``examples()``' order (None: not held in
@@ -81,15 +85,16 @@ class BaseInput:
         whose iterator position its checkpoints hold (a data-parallel worker's is not checkpointed)."""
         return None
 
-    def dataset(self) -> tf.data.Dataset:
+    def dataset(self, by_row: bool = True) -> tf.data.Dataset:
         """Batches ready for the task: take, shuffle, repeat, batch, prefetch.
 
         Examples whose tensors have a dimension of unknown size (variable-length features) are
-        padded with zeros (empty strings) to the longest in their batch.
+        padded with zeros (empty strings) to the longest in their batch. ``by_row=False`` makes a
+        sharded in-memory input walk every example too (``tools.benchmark input`` compares both).
         """
         p = self.params
         index, count = self._shard
-        arrays = self.in_memory() if count > 1 else None
+        arrays = self.in_memory() if count > 1 and by_row else None
         if not arrays:
             ds = self.examples()
         else:  # shuffle and shard row numbers: shuffling does not look at the elements

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
@@ -63,7 +62,3 @@ class DigitsInput(BaseInput):
     def in_memory(self) -> dict[str, np.ndarray]:
         images, labels = self.load()
         return {"image": images, "label": labels}
-
-    def examples(self) -> tf.data.Dataset:
-        images, labels = self.load()
-        return tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
