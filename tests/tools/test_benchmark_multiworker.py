@@ -27,6 +27,21 @@ def test_bad_flags_are_a_usage_error(flag, message):
     assert proc.returncode == 2 and message in proc.stderr
 
 
+def test_a_bad_knob_stops_the_benchmark_with_the_trainers_message():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.benchmark", "multiworker", "--gin_param=ConvNet.no_such_knob = 1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "multiworker: 1 process, 1 core: trainer:0 failed" in proc.stderr
+    assert "no_such_knob" in proc.stderr and "Traceback" not in proc.stderr
+    assert not proc.stdout  # no figure from a run that did not train
+
+
 @pytest.mark.slow
 def test_two_rounds_print_each_run_and_the_ratios_of_the_best():
     proc = subprocess.run(
@@ -56,6 +71,7 @@ def test_two_rounds_print_each_run_and_the_ratios_of_the_best():
             assert len(run["per_process"]) == 2 and all(rate > 0 for rate in run["per_process"])
             assert run["examples_per_sec"] == pytest.approx(sum(run["per_process"]), abs=0.2)
     assert ratios["examples_per_sec"] == best and ratios["rounds"] == 2
+    assert ratios["model"] == "image.digits.WideConvNet" and ratios["gin_param"] == []
     assert ratios["sync_over_one"] == pytest.approx(best["sync"] / best["one"], abs=1e-3)
     factors = [("sync1_over_one", "sync_over_sync1"), ("independent_over_one", "sync_over_independent")]
     for first, second in factors:

@@ -42,7 +42,17 @@ RATE = re.compile(r"step (\d+)/\d+ .* ([\d.]+) examples/s")
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark multiworker")
-    parser.add_argument("--model", default="image.digits.ConvNet", help="Experiment to train.")
+    parser.add_argument(
+        "--model",
+        default="image.digits.WideConvNet",
+        help="Experiment to train (image.digits.ConvNet: the 32-filter net, half the compute per step).",
+    )
+    parser.add_argument(
+        "--gin_param",
+        action="append",
+        default=[],
+        help="A knob binding for every process, e.g. 'ConvNet.num_layers = 3' (repeatable).",
+    )
     parser.add_argument(
         "--batch_size",
         type=int,
@@ -163,12 +173,13 @@ def _figure(name: str, rates: list[list[float]], skip: int, workers: int) -> dic
 
 def _sides(args: argparse.Namespace, cores: list[int], logdir: str) -> list[tuple[str, str, int, list, dict]]:
     """(key, name, workers, tasks, pins) of each side, its logs under ``logdir``."""
-    flags = [f"--model={args.model}", f"--params_override={_override(args, args.batch_size)}"]
+    gin = [f"--gin_param={binding}" for binding in args.gin_param]
+    flags = [f"--model={args.model}", f"--params_override={_override(args, args.batch_size)}", *gin]
 
     def alone(index: int, name: str, batch_size: int) -> local_cluster.Task:
         override = f"--params_override={_override(args, batch_size)}"
         command = [sys.executable, "-m", "trainer", "--job=controller,trainer", f"--logdir={logdir}/{name}"]
-        return local_cluster.Task("trainer", index, [*command, f"--model={args.model}", override])
+        return local_cluster.Task("trainer", index, [*command, f"--model={args.model}", override, *gin])
 
     pins = {"trainer:0": cores[0], "trainer:1": cores[1]}
     sides = [("one", "1 process, 1 core", 1, [alone(0, "one", args.batch_size)], pins)]
@@ -204,7 +215,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="multiworker-") as tmp:
         for r in range(1, args.rounds + 1):
             for key, name, workers, tasks, pins in _sides(args, cores, f"{tmp}/round{r}"):
-                rates = _run(tasks, pins, args.timeout)
+                try:
+                    rates = _run(tasks, pins, args.timeout)
+                except RuntimeError as e:
+                    print(f"multiworker: {name}: {e}", file=sys.stderr)
+                    return 1
                 figure = _figure(name, rates, args.skip_lines, workers)
                 print(json.dumps({**figure, "round": r}), flush=True)
                 if figure["examples_per_sec"] is not None:
@@ -227,7 +242,8 @@ def main(argv: list[str]) -> int:
     if "async" in best:
         ratios["async_over_one"] = round(best["async"] / best["one"], 3)
     load = round(os.getloadavg()[0], 2)
-    ratios.update(model=args.model, global_batch=args.batch_size, steps=args.steps, loadavg_1m=load)
+    ratios.update(model=args.model, gin_param=args.gin_param, global_batch=args.batch_size, steps=args.steps)
+    ratios["loadavg_1m"] = load
     print(json.dumps(ratios), flush=True)
     return 0
 
