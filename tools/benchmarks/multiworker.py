@@ -1,26 +1,28 @@
 """``python -m tools.benchmark multiworker``: training examples/s of a cluster over one process.
 
 Runs, one after the other on this machine, the real binary (``python -m trainer``) with the same
-experiment and global batch: one trainer process pinned to one core (``--mode=train``); a sync cluster
-of one trainer (``--mode=sync``, pinned to one core: what the strategy costs with no peer to exchange
-with); two independent trainer processes at once (``--mode=train``, each pinned to its own core, each
-with half the global batch: what a sync trainer computes, without the all-reduces; the sum of their
-rates is the most two sync trainers could reach on this machine, whose two cores share caches, memory
-bandwidth and a host with other tenants); 2 sync trainers (``--mode=sync``, each pinned to its own
-core); and async (``--mode=async``: 2 trainers, a controller and a ps). Each process runs with one
+experiment (by default ``image.digits.WideConvNet``: a trainer's share of the batch takes about 140 ms
+on one core, against about 50 ms for the 32-filter ConvNet, and each step waits on the same 5
+all-reduces either way) and global batch: one trainer process pinned to one core (``--mode=train``); a
+sync cluster of one trainer (``--mode=sync``, pinned to one core: what the strategy costs with no peer
+to exchange with); two independent trainer processes at once (``--mode=train``, each pinned to its own
+core, each with half the global batch: what a sync trainer computes, without the all-reduces; the sum of
+their rates is the most two sync trainers could reach on this machine, whose two cores share caches,
+memory bandwidth and a host with other tenants); 2 sync trainers (``--mode=sync``, each pinned to its
+own core); and async (``--mode=async``: 2 trainers, a controller and a ps). Each process runs with one
 intra- and one inter-op thread. Each reads the experiment's input as that mode does: the single
 processes (one and the independent pair) through the element pipeline their checkpoints hold, sync
 trainers their shards by row number where the input is in memory (``tools.benchmark input`` measures
 both: on the digits, 2.5 to 2.6 ms a step for one process's 2048 examples against 1.3 ms for a sync
-trainer's share, of a step of about 100 ms). (In the async run nothing is pinned: pinned to one core
-each, the async trainers never ran a step on this TF 2.21 build; the controller waited on them until the
-timeout.) The figure of a run is the median of the examples/s its chief prints between log lines (the
-first ``--skip_lines`` lines, which include tracing, are left out; for the independent pair, the sum of
-both processes' medians). The sides take turns for ``--rounds`` rounds, and each side's figure is its
-best round: a side's run cannot be alternated step by step with the others' (each is a cluster of
-processes), and load only ever slows a run, so the best round is the least disturbed. Prints one JSON
-line per run (with its round) and one with the ratios of the best rounds, each with the 1-minute load
-average.
+trainer's share, of a step of about 280 ms for the WideConvNet, 100 ms for the ConvNet). (In the async
+run nothing is pinned: pinned to one core each, the async trainers never ran a step on this TF 2.21
+build; the controller waited on them until the timeout.) The figure of a run is the median of the
+examples/s its chief prints between log lines (the first ``--skip_lines`` lines, which include tracing,
+are left out; for the independent pair, the sum of both processes' medians). The sides take turns for
+``--rounds`` rounds, and each side's figure is its best round: a side's run cannot be alternated step by
+step with the others' (each is a cluster of processes), and load only ever slows a run, so the best
+round is the least disturbed. Prints one JSON line per run (with its round) and one with the ratios of
+the best rounds, each with the 1-minute load average.
 """
 
 from __future__ import annotations

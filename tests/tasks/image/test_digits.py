@@ -73,3 +73,24 @@ def test_default_convnet_reaches_95_percent_dev_accuracy() -> None:
     print(f"ConvNet defaults: {len(history)} steps in {seconds:.1f} s, dev {dev}")
     assert history[-1]["loss"] < history[0]["loss"] / 10
     assert dev["accuracy"] >= 0.95
+
+
+def test_wide_convnet_is_the_convnet_at_twice_the_width() -> None:
+    """Only the width differs from ConvNet (the multiworker benchmark's model); gin sets it too."""
+    wide, narrow = experiment.resolve("image.digits.WideConvNet"), experiment.resolve(KEY)
+    assert [lp.filter_shape for lp in wide.task.body.sub if lp.name.startswith("conv")] == [
+        [3, 3, 1, 64],
+        [3, 3, 64, 128],
+    ]
+    assert wide.task.body.sub[-1].input_dim == 2 * 2 * 128
+    differing = set(wide.to_text().splitlines()) ^ set(narrow.to_text().splitlines())
+    assert {line.split(" : ")[0] for line in differing} == {
+        "model",
+        "task.body.sub[0].filter_shape",
+        "task.body.sub[1].dim",
+        "task.body.sub[4].filter_shape",
+        "task.body.sub[5].dim",
+        "task.body.sub[9].input_dim",
+    }
+    bound = experiment.resolve("image.digits.WideConvNet", gin_bindings=["WideConvNet.filters = 8"])
+    assert bound.task.body.sub[0].filter_shape == [3, 3, 1, 8]
