@@ -127,7 +127,9 @@ def resolve(
 ) -> Params:
     """Model key + overrides -> the frozen, validated Params of a run. Bad input raises ConfigError.
 
-    ``gin_allow_code``: trust gin files as code (imports, references); see ``overrides.apply_gin``."""
+    ``gin_allow_code``: trust gin files as code (imports, references); see ``overrides.apply_gin``.
+    Gin bindings live in gin's process-wide config: they stay bound for later calls in the same process
+    (the binaries resolve once); call ``gin.clear_config()`` between calls with different bindings."""
     cls = registry.get(model)
     if not (isinstance(cls, type) and issubclass(cls, Experiment)):
         raise ConfigError(f"{model!r} is not an Experiment subclass")
