@@ -175,13 +175,16 @@ def _figure(name: str, rates: list[list[float]], skip: int, workers: int) -> dic
 
 def _sides(args: argparse.Namespace, cores: list[int], logdir: str) -> list[tuple[str, str, int, list, dict]]:
     """(key, name, workers, tasks, pins) of each side, its logs under ``logdir``."""
-    gin = [f"--gin_param={binding}" for binding in args.gin_param]
-    flags = [f"--model={args.model}", f"--params_override={_override(args, args.batch_size)}", *gin]
+
+    def run_flags(batch_size: int) -> list[str]:
+        gin = [f"--gin_param={binding}" for binding in args.gin_param]
+        return [f"--model={args.model}", f"--params_override={_override(args, batch_size)}", *gin]
+
+    flags = run_flags(args.batch_size)
 
     def alone(index: int, name: str, batch_size: int) -> local_cluster.Task:
-        override = f"--params_override={_override(args, batch_size)}"
         command = [sys.executable, "-m", "trainer", "--job=controller,trainer", f"--logdir={logdir}/{name}"]
-        return local_cluster.Task("trainer", index, [*command, f"--model={args.model}", override, *gin])
+        return local_cluster.Task("trainer", index, [*command, *run_flags(batch_size)])
 
     pins = {"trainer:0": cores[0], "trainer:1": cores[1]}
     sides = [("one", "1 process, 1 core", 1, [alone(0, "one", args.batch_size)], pins)]
