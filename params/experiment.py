@@ -38,7 +38,7 @@ def cluster_params() -> Params:
         "mesh_shape",
         [],
         "Device mesh of the trainer ([]: no mesh), e.g. [2, 2]: DTensor splits tensors over it "
-        "(README, 'Sharding over a mesh'); needs prod(mesh_shape) devices.",
+        "(docs/parallelism/mesh.md); needs prod(mesh_shape) devices.",
     )
     p.define("mesh_axis_names", [], "One name per mesh_shape entry, e.g. ['data', 'model'].")
     p.define(
