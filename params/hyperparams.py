@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import copy as copy_lib
 import difflib
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from params import registry, text_format
+from params import registry, text_format, text_tree
 from params.errors import ConfigError
+from params.keys import MAX_KEY_CHARS, NAME_RE, clip, split_key
 
-MAX_KEY_CHARS = 500  # a dotted key; longer is an error naming the limit
-MAX_INDEX_DIGITS = 9  # list indices in keys: body.layers[2]
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SEGMENT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+__all__ = ["MAX_KEY_CHARS", "InstantiableParams", "Params", "clip", "coerce_value", "parse_typed"]
 
 
 class UnknownParamError(ConfigError, AttributeError):
@@ -43,33 +40,9 @@ def _is_params_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, Params) for v in value)
 
 
-def clip(text: str, limit: int = 80) -> str:
-    """``repr(text)``, shortened to about ``limit`` characters, for one-line error messages."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def _split_key(key: str) -> list[tuple[str, list[int]]]:
-    """'a.b[1].c' -> [('a', []), ('b', [1]), ('c', [])]."""
-    if not isinstance(key, str):
-        raise ConfigError(f"param key of type {type(key).__name__} is not a string")
-    if len(key) > MAX_KEY_CHARS:
-        raise ConfigError(f"param key {clip(key)} is longer than {MAX_KEY_CHARS} characters (the limit)")
-    segments = []
-    for part in key.split("."):
-        match = _SEGMENT_RE.match(part.strip())
-        if not match:
-            raise ConfigError(f"malformed param key {clip(key)}: bad segment {clip(part, 40)}")
-        digits = re.findall(r"\[(\d+)\]", match.group(2))
-        if any(len(i) > MAX_INDEX_DIGITS for i in digits):
-            raise ConfigError(f"param key {clip(key)}: a list index has more than {MAX_INDEX_DIGITS} digits")
-        indices = [int(i) for i in digits]
-        segments.append((match.group(1), indices))
-    return segments
-
-
 class _ClassBuildsFromText:
     """``p.from_text(text)`` sets values of an existing tree; ``Params.from_text(text)``, on the class,
-    builds a new tree from the text alone (``params.text_tree.build``: Lingvo's params.txt too)."""
+    builds a new tree from the text alone (``build_from_text``: Lingvo's params.txt too)."""
 
     def __init__(self, method: Any) -> None:
         self._method = method
@@ -77,9 +50,7 @@ class _ClassBuildsFromText:
 
     def __get__(self, instance: Any, owner: type) -> Any:
         if instance is None:
-            from params import text_tree
-
-            return text_tree.build
+            return build_from_text
         return self._method.__get__(instance, owner)
 
 
@@ -99,7 +70,7 @@ class Params:
     def define(self, name: str, default: Any, doc: str) -> None:
         """Adds a new param ``name`` with a default value and a one-line description."""
         self._check_not_frozen(name)
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.match(name):
             raise ConfigError(f"invalid param name {name!r}: use letters, digits and underscores")
         if hasattr(type(self), name):
             raise ConfigError(f"invalid param name {name!r}: it is a Params method")
@@ -158,7 +129,7 @@ class Params:
         return self
 
     def _resolve_parent(self, key: str) -> tuple[Params, str]:
-        segments = _split_key(key)
+        segments = split_key(key)
         node: Params = self
         walked = ""
         for i, (name, indices) in enumerate(segments):
@@ -316,6 +287,35 @@ class InstantiableParams(Params):
         if self.cls is None:
             raise ConfigError("cannot instantiate params whose 'cls' is None")
         return self.cls(self, *args, **kwargs)
+
+
+def build_from_text(text: str, source: str = "params text") -> Params:
+    """A Params tree holding exactly the values of ``text`` (``params.text_tree`` says how it is read):
+    a group with a ``cls : type/module/Name`` line is an InstantiableParams of that class."""
+    return _from_tree(text_tree.nest(text, source), source)
+
+
+def _from_tree(tree: dict, source: str) -> Params:
+    cls_entry = tree.get("cls")
+    if isinstance(cls_entry, tuple) and isinstance(cls_entry[1], type):
+        p: Params = InstantiableParams(cls_entry[1])
+    else:
+        p = Params()
+    for name in sorted(tree):
+        entry = tree[name]
+        if name == "cls" and isinstance(p, InstantiableParams):
+            continue
+        if isinstance(entry, tuple):
+            value = entry[1]
+        elif "[]" in entry:
+            items = entry["[]"]
+            if sorted(items) != list(range(len(items))):
+                raise ConfigError(f"{source}: {name!r} lists elements {sorted(items)}, not 0..n-1")
+            value = [_from_tree(items[i], source) for i in range(len(items))]
+        else:
+            value = _from_tree(entry, source)
+        p.define(name, value, "")
+    return p
 
 
 def _copy_value(value: Any) -> Any:
