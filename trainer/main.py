@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import app, flags  # noqa: E402
 
-from params import experiment  # noqa: E402
+from params import experiment, registry  # noqa: E402
 from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
 from trainer import signals, tf_startup  # noqa: E402
@@ -29,8 +29,15 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string(
     "model",
     None,
-    "Registry key of the experiment, e.g. image.digits.ConvNet, or "
-    "the full import path of an experiment class (python -m tools.list_models).",
+    "Registry key of the experiment, e.g. image.digits.ConvNet (python -m tools.list_models), or the full "
+    "import path of an experiment class in a package named by --experiment_packages. Nothing else is "
+    "imported.",
+)
+flags.DEFINE_list(
+    "experiment_packages",
+    [],
+    "Packages, besides tasks, whose modules --model may import by full path, e.g. my_pkg for "
+    "--model=my_pkg.my_exps.MyExp (also TENSORPIPE_EXPERIMENT_PACKAGES=my_pkg,other; docs/experiments.md).",
 )
 flags.DEFINE_string(
     "logdir",
@@ -116,6 +123,7 @@ def resolve_params() -> Params:
     """The frozen Params this invocation runs, from --model and every override flag."""
     if not FLAGS.model:
         raise ConfigError("--model is required (.venv/bin/python -m tools.list_models lists the experiments)")
+    registry.add_experiment_packages(FLAGS.experiment_packages)
     return experiment.resolve(
         FLAGS.model,
         gin_files=FLAGS.gin_file,
