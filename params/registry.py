@@ -129,14 +129,15 @@ def get(key: str) -> type:
     matches = difflib.get_close_matches(key[:500], list(_REGISTRY), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
     if not hint and module_name and not in_experiment_packages(module_name):
-        package = module_name.split(".")[0][:60]
+        package = module_name.split(".")[0]
+        package = package if len(package) <= 40 else "PKG"
         hint = (
-            f"; nothing outside the experiment packages ({', '.join(experiment_packages())}) is imported: "
-            f"name its package with --experiment_packages={package} or {PACKAGES_ENV}={package}"
+            f"; nothing outside the experiment packages ({', '.join(experiment_packages()[:5])}) is "
+            f"imported: opt in with --experiment_packages={package} (or {PACKAGES_ENV})"
         )
     elif not hint and "." in module_name:
         hint = "; a class outside this repo needs its package's directory on PYTHONPATH"
-    shown = repr(key) if len(key) <= 200 else f"{key[:200]!r}... ({len(key)} characters)"
+    shown = repr(key) if len(key) <= 100 else f"{key[:100]!r}... ({len(key)} characters)"
     raise ConfigError(f"unknown model {shown}{hint} (.venv/bin/python -m tools.list_models lists them all)")
 
 
@@ -172,28 +173,29 @@ def is_known_module(module_name: str) -> bool:
 
 def import_known(module_name: str, attr_path: str) -> object:
     """``module_name.attr_path`` for a known module (see ``is_known_module``); also builtin classes
-    such as ``builtins.dict``. Raises ValueError for anything else, before importing it."""
+    such as ``builtins.dict``. Raises ConfigError for anything else, before importing it."""
     attrs = attr_path.split(".")
     if not attr_path or not all(a.isidentifier() and not a.startswith("_") for a in attrs):
-        raise ValueError(f"{attr_path!r} is not a public name")
+        raise ConfigError(f"{attr_path!r} is not a public name")
     if module_name == "builtins":
         import builtins
 
         obj = getattr(builtins, attr_path, None)
         if len(attrs) == 1 and isinstance(obj, type):
             return obj
-        raise ValueError(f"builtins.{attr_path} is not a builtin class")
+        raise ConfigError(f"builtins.{attr_path} is not a builtin class")
     if not is_known_module(module_name):
-        raise ValueError(
-            f"module {module_name!r} is not part of this project (only {', '.join(TRUSTED_PACKAGES)} "
-            "and the packages of registered experiments may be named); it was not imported"
+        raise ConfigError(
+            f"module {module_name!r} is not part of this project (only {', '.join(TRUSTED_PACKAGES)}, "
+            "the packages of registered experiments and --experiment_packages may be named); "
+            "it was not imported"
         )
     try:
         obj = importlib.import_module(module_name)
         for attr in attrs:
             obj = getattr(obj, attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot import {module_name}.{attr_path} ({e})") from None
+        raise ConfigError(f"cannot import {module_name}.{attr_path} ({e})") from None
     return obj
 
 
