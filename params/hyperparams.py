@@ -28,12 +28,59 @@ class FrozenParamsError(TypeError):
     """A write to Params after ``freeze()``."""
 
 
-class _Param:
-    __slots__ = ("value", "doc")
+DTYPE = "dtype"  # ``value_type`` of a param holding a TensorFlow dtype (or its name)
+VALUE_TYPES = (bool, int, float, str, list, tuple, dict, type, DTYPE)  # and Params: a group
 
-    def __init__(self, value: Any, doc: str) -> None:
+
+class _Param:
+    """One param: its value, doc, and the value a set value is checked against (``proto``): the
+    default, or for a None default a stand-in of its declared ``value_type``."""
+
+    __slots__ = ("value", "doc", "proto")
+
+    def __init__(self, value: Any, doc: str, proto: Any) -> None:
         self.value = value
         self.doc = doc
+        self.proto = proto
+
+
+class _Group:
+    """``proto`` of a param holding a group of params (a Params, or a list of them)."""
+
+
+_GROUP = _Group()
+
+
+class _AnyOf:
+    """``proto`` of a param declared with a tuple of value types: a value of any of them."""
+
+    def __init__(self, protos: list[Any]) -> None:
+        self.protos = protos
+
+
+_DTYPE_PROTO = object()  # ``proto`` of a dtype param whose default is None
+
+
+def _proto(name: str, default: Any, value_type: Any) -> Any:
+    """What values of this param are checked against; ``value_type`` declares it for a None default."""
+    if default is not None:
+        return _GROUP if isinstance(default, Params) or _is_params_list(default) else default
+    if value_type is None:
+        return None
+    if isinstance(value_type, tuple):  # one of several types, e.g. (dict, list)
+        return _AnyOf([_proto(name, None, t) for t in value_type])
+    if isinstance(value_type, type) and issubclass(value_type, Params):
+        return _GROUP
+    if value_type == DTYPE:
+        return _DTYPE_PROTO
+    if value_type is type:
+        return object  # any class: the family check has nothing to compare with
+    if value_type in VALUE_TYPES:
+        return value_type()
+    raise ConfigError(
+        f"param {name!r}: value_type must be one of bool, int, float, str, list, tuple, "
+        f"dict, type, Params or {DTYPE!r}, not {value_type!r}"
+    )
 
 
 def _is_params_list(value: Any) -> bool:
@@ -67,8 +114,12 @@ class Params:
         object.__setattr__(self, "_frozen", False)
 
     # ----------------------------------------------------------------------------------- definition
-    def define(self, name: str, default: Any, doc: str) -> None:
-        """Adds a new param ``name`` with a default value and a one-line description."""
+    def define(self, name: str, default: Any, doc: str, *, value_type: Any = None) -> None:
+        """Adds a new param ``name`` with a default value and a one-line description.
+
+        A value set later from text (overrides, params files, task_overrides) must have the default's
+        type; for a None default, ``value_type`` declares it (int, str, list, Params, ``DTYPE``, ...),
+        so that None params are checked too. Without it a None param takes any value."""
         self._check_not_frozen(name)
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise ConfigError(f"invalid param name {name!r}: use letters, digits and underscores")
@@ -78,7 +129,7 @@ class Params:
             raise ConfigError(f"param {name!r} is already defined")
         if not isinstance(doc, str):
             raise ConfigError(f"param {name!r} needs a doc string")
-        self._params[name] = _Param(default, doc)
+        self._params[name] = _Param(default, doc, _proto(name, default, value_type))
 
     # ------------------------------------------------------------------------------ attribute access
     def __getattr__(self, name: str) -> Any:
@@ -113,6 +164,12 @@ class Params:
         """The doc string of a (dotted) key."""
         parent, name = self._resolve_parent(key)
         return parent._params[name].doc
+
+    def declared(self, key: str) -> Any:
+        """What a value set at ``key`` is checked against when the value there now is None: its
+        default, or a stand-in of its declared ``value_type`` (None: unchecked)."""
+        parent, name = self._resolve_parent(key)
+        return parent._params[name].proto
 
     # ---------------------------------------------------------------------------------- dotted keys
     def get(self, key: str) -> Any:
@@ -197,7 +254,7 @@ class Params:
         object.__setattr__(new, "_params", {})
         object.__setattr__(new, "_frozen", False)
         for name, param in self._params.items():
-            new._params[name] = _Param(_copy_value(param.value), param.doc)
+            new._params[name] = _Param(_copy_value(param.value), param.doc, param.proto)
         return new
 
     def __deepcopy__(self, memo: dict) -> Params:
@@ -243,7 +300,7 @@ class Params:
                 raise ConfigError(f"line {line_no}: expected 'key : value', got {clip(line)}")
             key, value_text = (part.strip() for part in line.split(":", 1))
             current = self.get(key)
-            updates[key] = parse_typed(key, value_text, current)
+            updates[key] = parse_typed(key, value_text, current, self.declared(key))
         for key in updates:
             self._resolve_parent(key)[0]._check_not_frozen(key)
         return self.set(**updates)
@@ -281,7 +338,7 @@ class InstantiableParams(Params):
 
     def __init__(self, cls: type | None = None) -> None:
         super().__init__()
-        self.define("cls", cls, "The class these params build.")
+        self.define("cls", cls, "The class these params build.", value_type=type)
 
     def instantiate(self, *args: Any, **kwargs: Any) -> Any:
         if self.cls is None:
@@ -345,12 +402,17 @@ def _values_equal(a: Any, b: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- parsing
-def parse_typed(key: str, text: str, current: Any) -> Any:
-    """Parses ``text`` for the param ``key`` whose current value is ``current``.
+def parse_typed(key: str, text: str, current: Any, declared: Any = None) -> Any:
+    """Parses ``text`` for the param ``key`` whose current value is ``current`` (``declared``: what it
+    is checked against when ``current`` is None, ``Params.declared``).
 
     A str param takes any text: quoted it is unquoted, unquoted it is kept verbatim (so code stays a
     string). Other params take only a literal of a compatible type; anything else is a ConfigError.
     """
+    if current is None and declared is not None:
+        if text.strip() in ("None", "NoneType"):
+            return None
+        current = declared
     if isinstance(current, Params) or _is_params_list(current):
         raise ConfigError(f"param {key!r} is a group of params: set its fields, like '{key}.name'")
     if isinstance(current, str):
@@ -376,15 +438,35 @@ def _coerce(key: str, text: str, parsed: Any, current: Any) -> Any:
     return coerce_value(key, parsed, current, shown=text)
 
 
-def coerce_value(key: str, value: Any, current: Any, shown: str | None = None) -> Any:
+def coerce_value(key: str, value: Any, current: Any, shown: str | None = None, declared: Any = None) -> Any:
     """``value`` (already parsed: a gin binding, a task_overrides entry) checked against the type of
     the param's ``current`` value, as ``--params_override`` checks text; returns it, converted where
     that is lossless (int -> float, list -> tuple, a class path or dtype name -> the class or dtype).
-    ``shown`` is the user's text for the message. Raises ConfigError."""
+    ``shown`` is the user's text for the message; ``declared`` is checked against when ``current`` is
+    None (``Params.declared``). Raises ConfigError."""
+    if current is None:
+        current = declared
     if current is None or value is None:
         return value
+    if isinstance(current, _AnyOf):
+        errors = []
+        for proto in current.protos:
+            try:
+                return coerce_value(key, value, proto, shown)
+            except ConfigError as e:
+                errors.append(str(e).split(": expected ", 1)[-1].split(", got ")[0])
+        text = shown if shown is not None else _format_for_message(value)
+        raise ConfigError(f"param {key!r}: expected {' or '.join(errors)}, got {clip(text)}")
     expected = None
-    if isinstance(current, bool):
+    if current is _GROUP:
+        expected = "a group of params (set its fields, like 'KEY.name')".replace("KEY", key)
+    elif current is _DTYPE_PROTO:
+        if text_format.is_dtype(value):
+            return value
+        if text_format.is_dtype_name(value):
+            return text_format.parse_value(value)
+        expected = "a dtype such as float32"
+    elif isinstance(current, bool):
         if isinstance(value, bool):
             return value
         expected = "a bool (True or False)"

@@ -152,6 +152,9 @@ def main(argv: list[str]) -> int:
             f"--job: empty job name in {','.join(FLAGS.job)!r} (leave --job out to run all jobs)"
         )
     root = resolve_params()
+    from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
+
+    preflight.check(root, build=FLAGS.mode not in ("sync", "async"))  # what training would refuse
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
         return 0
@@ -175,6 +178,10 @@ def main(argv: list[str]) -> int:
         return cluster_jobs.run(root, FLAGS.logdir, *flags_)
     from trainer import launcher
 
+    done = preflight.finished(root, FLAGS.logdir, launcher.check_jobs(root, FLAGS.job))
+    if done:
+        print(done)
+        return 0
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
 
 
