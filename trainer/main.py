@@ -191,7 +191,7 @@ def run() -> None:
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])
     sys.stderr.reconfigure(errors="backslashreplace")  # an undecodable argument echoed in an error
     sys.stdout.reconfigure(errors="backslashreplace")
-    signals.install()
+    signals.install_for_binary("trainer", note=signals.TRAINER_NOTE)  # done by trainer/__init__.py under -m
     tf_startup.import_tensorflow()
 
     def _main(argv: list[str]) -> None:
@@ -201,8 +201,8 @@ def run() -> None:
             print(f"trainer: error: {e}", file=sys.stderr)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            print("trainer: interrupted; the last saved checkpoint is intact", file=sys.stderr)
-            sys.exit(130)
+            print(f"trainer: interrupted{signals.TRAINER_NOTE}", file=sys.stderr)
+            sys.exit(signals.INTERRUPT_EXIT_CODE)
         except signals.Terminated as e:
             print(f"trainer: {e}", file=sys.stderr)
             sys.exit(signals.EXIT_CODE)
