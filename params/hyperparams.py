@@ -61,6 +61,20 @@ class _AnyOf:
 _DTYPE_PROTO = object()  # ``proto`` of a dtype param whose default is None
 
 
+def _kinds(proto: Any) -> tuple[str, ...]:
+    if proto is None:
+        return ()
+    if isinstance(proto, _AnyOf):
+        return tuple(k for p in proto.protos for k in _kinds(p))
+    if proto is _GROUP:
+        return ("group",)
+    if proto is _DTYPE_PROTO or text_format.is_dtype(proto):
+        return ("dtype",)
+    if isinstance(proto, type):
+        return ("class",)
+    return (type(proto).__name__,)
+
+
 def _proto(name: str, default: Any, value_type: Any) -> Any:
     """What values of this param are checked against; ``value_type`` declares it for a None default."""
     if default is not None:
@@ -164,6 +178,11 @@ class Params:
         """The doc string of a (dotted) key."""
         parent, name = self._resolve_parent(key)
         return parent._params[name].doc
+
+    def declared_kinds(self, key: str) -> tuple[str, ...]:
+        """The kinds of value ``key`` takes, by name (``('int',)``, ``('dict', 'list')``, ``('dtype',)``,
+        ``('class',)``, ``('group',)``); () when unchecked (a None default without ``value_type``)."""
+        return _kinds(self.declared(key))
 
     def declared(self, key: str) -> Any:
         """What a value set at ``key`` is checked against when the value there now is None: its
