@@ -254,9 +254,13 @@ def test_local_cluster_forwards_a_signal_and_says_so_once(tmp_path, signum, code
 
 
 _TOOLS = [
-    ("export", "--logdir=/nonexistent"), ("predict", "--export_dir=/nonexistent"),
-    ("params_diff", "image.digits.ConvNet", "image.digits.WideConvNet"), ("list_models",),
-    ("checkpoint_state", "--logdir=/nonexistent"), ("memory_trace", "--help"), ("benchmark", "--help"),
+    ("export", "--logdir=/nonexistent"),
+    ("predict", "--export_dir=/nonexistent"),
+    ("params_diff", "image.digits.ConvNet", "image.digits.WideConvNet"),
+    ("list_models",),
+    ("checkpoint_state", "--logdir=/nonexistent"),
+    ("memory_trace", "--help"),
+    ("benchmark", "--help"),
 ]  # fmt: skip (every tool that imports TensorFlow; pipeline_sim is plain Python and done in 1 s)
 
 
