@@ -84,6 +84,7 @@ def test_an_import_error_inside_a_user_module_is_reported_as_such(tmp_path, monk
     (package / "broken.py").write_text("import no_such_dependency_xyz\n")
     (package / "typo.py").write_text("x = undefined_name\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(registry.PACKAGES_ENV, "tests,user_exps_pkg,not_a_pkg_xyz")  # the opt-in
     with pytest.raises(
         ConfigError, match="importing user_exps_pkg.broken failed: No module named 'no_such_dep"
     ):
