@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 
 EXIT_CODE = 128 + signal.SIGTERM  # the shell's status of a process ended by SIGTERM
+INTACT = "the last saved checkpoint is intact"  # the binary names the checkpoint, or says none was saved
 
 
 class Terminated(BaseException):
@@ -24,7 +25,7 @@ class Terminated(BaseException):
 
 def _raise(signum: int, frame: object) -> None:
     del signum, frame
-    raise Terminated("terminated by SIGTERM; the last saved checkpoint is intact")
+    raise Terminated(f"terminated by SIGTERM; {INTACT}")
 
 
 def install() -> None:
