@@ -31,6 +31,7 @@ POINTERS = {
     ),
     "model_params_override": ("--params_override", "--params_override='{value}'"),
     "model_params_file_override": ("--params_file_override", "--params_file_override={value}"),
+    "task": ("--task_index (this process's index within its --job)", "--task_index={value}"),
     "controller_job": ("--cluster_spec and --job", "--cluster_spec=controller=h:p@... --job=controller"),
     "worker_job": ("--cluster_spec and --job", "--cluster_spec=trainer=h:p,h:p --job=trainer"),
     "ps_job": ("--cluster_spec and --job", "--cluster_spec=...@ps=h:p --job=ps"),
