@@ -11,7 +11,8 @@ for each data set other than ``train``.
 - ``--job=controller,trainer``: the training loop alone.
 - ``--job=evaler_dev,decoder_test`` (any evalers/decoders): poll ``logdir/train`` every
   ``task.eval.poll_interval_seconds`` and process each new checkpoint, until the one at ``max_steps``
-  is done.
+  is done. An experiment with no ``train`` data set has no trainer to wait for: its jobs process the
+  checkpoints present and stop, and with none there the run is a ConfigError before anything is written.
 """
 
 from __future__ import annotations
