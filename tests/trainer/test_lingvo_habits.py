@@ -111,8 +111,8 @@ def test_an_evaler_on_a_finished_run_says_there_is_nothing_left_to_score(lingvo_
     logdir, _ = lingvo_run
     result = _run(_command(logdir, data_dir, "--job=evaler_dev"))
     assert result.returncode == 0, result.stderr
-    assert "eval_dev: nothing left to score:" in result.stdout
-    assert "final checkpoint (step 20) was already scored" in result.stdout
+    assert "holds a finished run (checkpoint at step 20" in result.stdout  # said before any job starts
+    assert "every job done): nothing to do, nothing written" in result.stdout
 
 
 @pytest.mark.slow
