@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 
-from params import overrides, registry, text_format
+from params import lingvo_experiment, overrides, registry, text_format
 from params.errors import ConfigError
 from params.hyperparams import Params, clip, coerce_value
 
@@ -53,9 +53,13 @@ def cluster_params() -> Params:
 class Experiment:
     """Base class of registered experiments."""
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        lingvo_experiment.port(cls, {name for name in dir(Experiment) if not name.startswith("_")})
+
     def task(self) -> Params:
         """The task's Params (an InstantiableParams of a BaseTask subclass)."""
-        raise NotImplementedError(f"{type(self).__name__} must define task()")
+        raise ConfigError(f"{type(self).__name__} must define task() (Lingvo's Task())")
 
     def cluster(self) -> Params:
         """Devices and threads; override to, say, split the CPU for a pipeline."""
@@ -69,10 +73,11 @@ class Experiment:
 
     @classmethod
     def dataset_names(cls) -> list[str]:
-        """Every public method taking no argument that Experiment itself does not define."""
+        """Every public lowercase method taking no argument that Experiment itself does not define
+        (Lingvo's capitalised ``Train()``, ``Dev()``, ... are ported to ``train()``, ``dev()``, ...)."""
         names = []
         for name, member in inspect.getmembers(cls, inspect.isfunction):
-            if name.startswith("_") or hasattr(Experiment, name):
+            if name.startswith("_") or name[:1].isupper() or hasattr(Experiment, name):
                 continue
             required = [
                 p

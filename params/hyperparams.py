@@ -151,6 +151,8 @@ class Params:
             raise AttributeError(name)
         params = self.__dict__["_params"]
         if name not in params:
+            if name in LINGVO_METHODS:
+                raise UnknownParamError(_lingvo_method_message(type(self).__name__, name))
             raise self._unknown(name, list(params))
         return params[name].value
 
@@ -203,6 +205,19 @@ class Params:
             parent._check_not_frozen(key)
             parent._params[name].value = value
         return self
+
+    def delete(self, *keys: str) -> Params:
+        """Removes the params at these dotted keys (Lingvo's ``Delete``). Returns self."""
+        for key in keys:
+            parent, name = self._resolve_parent(key)
+            parent._check_not_frozen(key)
+            del parent._params[name]
+        return self
+
+    def iter_params(self) -> Iterator[tuple[str, Any]]:
+        """(name, value) of the params defined directly on this Params, in definition order (Lingvo's
+        ``IterParams``; ``iter(p)`` instead walks every leaf by dotted key)."""
+        return ((name, param.value) for name, param in self._params.items())
 
     def _resolve_parent(self, key: str) -> tuple[Params, str]:
         segments = split_key(key)
@@ -365,6 +380,34 @@ class InstantiableParams(Params):
         return self.cls(self, *args, **kwargs)
 
 
+# Lingvo's Params method names -> this project's; p.Define(...) names the method to use instead of
+# failing as an unknown param 'Define'. params/lingvo_compat.py gives Params with Lingvo's names.
+LINGVO_METHODS = {
+    "Define": "define",
+    "Set": "set",
+    "Get": "get",
+    "Delete": "delete",
+    "Copy": "copy",
+    "Freeze": "freeze",
+    "IsImmutable": "is_frozen",
+    "ToText": "to_text",
+    "FromText": "from_text",
+    "TextDiff": "text_diff",
+    "IterParams": "iter_params",
+    "GetKeys": "names",
+    "Instantiate": "instantiate",
+}
+
+
+def _lingvo_method_message(class_name: str, name: str) -> str:
+    snake = LINGVO_METHODS[name]
+    call = f"p.{snake}" if snake == "is_frozen" else f"p.{snake}(...)"
+    return (
+        f"{class_name} has no method {name!r}: this project's Params use snake_case names ({call}); "
+        "for Lingvo's names build them with 'from params import lingvo_compat as hyperparams'"
+    )
+
+
 def build_from_text(text: str, source: str = "params text") -> Params:
     """A Params tree holding exactly the values of ``text`` (``params.text_tree`` says how it is read):
     a group with a ``cls : type/module/Name`` line is an InstantiableParams of that class."""
@@ -412,6 +455,8 @@ def _copy_value(value: Any) -> Any:
 
 
 def _values_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, Params) and isinstance(b, Params):
+        return a == b  # by content: a tree built through params.lingvo_compat equals the native one
     if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
         return True  # NaN == NaN for settings
     try:

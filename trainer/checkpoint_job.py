@@ -153,16 +153,30 @@ class CheckpointJob:
         return ds
 
 
-def run_until_finished(jobs: list[CheckpointJob], log: Callable[[str], None] = _print) -> None:
-    """Polls ``logdir/train`` for new checkpoints until every job has done the final one."""
+def run_until_finished(
+    jobs: list[CheckpointJob], log: Callable[[str], None] = _print, wait: bool = True
+) -> None:
+    """Polls ``logdir/train`` for new checkpoints until every job has done the final one; says so when
+    that was done before it started. ``wait=False`` (no trainer will write more): stops once the
+    checkpoints present are processed."""
     interval = min(job.poll_interval_seconds for job in jobs)
     announced = False
+    processed = 0
     while True:
         for job in jobs:
             if not job.finished:
-                job.run_pending()
+                processed += job.run_pending()
         waiting = [job.name for job in jobs if not job.finished]
+        if not waiting and not processed:
+            step = min(max(job.done_steps) for job in jobs)
+            log(
+                f"{', '.join(job.name for job in jobs)}: nothing left to score: the run in "
+                f"{jobs[0].train_dir} finished and its final checkpoint (step {step}) was already scored"
+            )
         if not waiting:
+            return
+        if not wait:
+            log(f"{', '.join(waiting)}: stopping: no trainer will write more checkpoints")
             return
         if not announced:
             log(f"{', '.join(waiting)}: waiting for checkpoints in {jobs[0].train_dir}")

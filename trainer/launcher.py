@@ -11,7 +11,8 @@ for each data set other than ``train``.
 - ``--job=controller,trainer``: the training loop alone.
 - ``--job=evaler_dev,decoder_test`` (any evalers/decoders): poll ``logdir/train`` every
   ``task.eval.poll_interval_seconds`` and process each new checkpoint, until the one at ``max_steps``
-  is done.
+  is done. An experiment with no ``train`` data set has no trainer to wait for: its jobs process the
+  checkpoints present and stop, and with none there the run is a ConfigError before anything is written.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from absl import logging as absl_logging
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import cluster, files, logdir_guard
+from trainer import checkpointer, cluster, files, logdir_guard
 from trainer.checkpoint_job import CheckpointJob, run_until_finished
 from trainer.decoder_job import Decoder, implements_decode
 from trainer.evaler_job import Evaler
@@ -98,6 +99,14 @@ def run_jobs(
     if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
         absl_logging.set_verbosity(absl_logging.WARNING)
     names = check_jobs(root, jobs)
+    no_trainer = "train" not in root.input.names()  # so nothing will write another checkpoint
+    if not names:
+        raise ConfigError(f"{root.model} has no data sets, so no job to run")
+    if no_trainer and not checkpointer.list_checkpoints(files.join(logdir, "train")):
+        raise ConfigError(
+            f"jobs {', '.join(names)} would wait forever: {files.join(logdir, 'train')} has no checkpoint "
+            f"and {root.model} has no 'train' data set, so no trainer will write one"
+        )
     logdir_guard.check(root, logdir, trains="trainer" in names, allow=allow_params_change, log=log)
     check_logdir(logdir)
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
@@ -111,7 +120,7 @@ def run_jobs(
         if "trainer" in names:
             _train(root, logdir, checkpoint_jobs, log)
         else:
-            run_until_finished(checkpoint_jobs, log=log)
+            run_until_finished(checkpoint_jobs, log=log, wait=not no_trainer)
     finally:
         for job in checkpoint_jobs:
             job.close()

@@ -21,7 +21,7 @@ from absl import app, flags  # noqa: E402
 from params import experiment, registry  # noqa: E402
 from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
-from trainer import signals, tf_startup  # noqa: E402
+from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
 MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets", "profile_pipeline")
 
@@ -67,9 +67,16 @@ flags.DEFINE_integer("task_index", 0, "--mode=sync|async: this process's index w
 flags.DEFINE_list(
     "job",
     [],
-    "Jobs to run in this process, comma separated: controller, trainer, "
+    "Jobs to run in this process, comma separated: controller, trainer (Lingvo's trainer_client too), "
     "evaler_<dataset>, decoder_<dataset>. Empty (the default): all of them, in one "
     "process.",
+)
+flags.DEFINE_enum(
+    "run_locally",
+    None,
+    ["cpu", "gpu"],
+    "Lingvo's flag, taken for its habit: every job already runs in this one process by default, on the "
+    "devices TensorFlow sees; with --mode=sync or async (and no --cluster_spec) it means --mode=train.",
 )
 flags.DEFINE_string(
     "params_override",
@@ -107,7 +114,12 @@ HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, but a bad flag is one line and exit status 2, and --help exits 0."""
+    """absl's parser, but a bad flag is one line and exit status 2, and --help exits 0; a Lingvo flag
+    with an equivalent here names it."""
+    lingvo_pointer = lingvo_flags.pointer(argv)
+    if lingvo_pointer:
+        print(f"trainer: error: {lingvo_pointer}", file=sys.stderr)
+        sys.exit(2)
     try:
         return FLAGS(argv)
     except flags.Error as e:
@@ -151,6 +163,12 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             f"--job: empty job name in {','.join(FLAGS.job)!r} (leave --job out to run all jobs)"
         )
+    FLAGS.job = lingvo_flags.job_names(FLAGS.job)
+    if FLAGS.run_locally:
+        import tensorflow as tf
+
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        FLAGS.mode = lingvo_flags.local_mode(FLAGS.run_locally, FLAGS.mode, FLAGS.cluster_spec, gpus)
     root = resolve_params()
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
@@ -185,6 +203,21 @@ def main(argv: list[str]) -> int:
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
 
 
+def _checkpoint_note() -> str:
+    """How an interrupted run's line ends: its last checkpoint is intact, or none was saved yet."""
+    if not FLAGS.logdir or FLAGS.mode.startswith("inspect"):
+        return "; nothing was written"
+    from trainer import checkpointer, files
+
+    try:
+        saved = checkpointer.list_checkpoints(files.join(FLAGS.logdir, "train"))
+    except Exception:  # noqa: BLE001 (only for the last message; never hide the interruption)
+        return signals.TRAINER_NOTE
+    if not saved:
+        return "; no checkpoint was saved yet"
+    return f"; the last saved checkpoint ({saved[-1][1]}) is intact"
+
+
 def run() -> None:
     """Entry point: one clear line and a non-zero exit for anything the user can fix."""
     if "BUILD_WORKING_DIRECTORY" in os.environ:  # bazel run: relative paths mean the user's cwd
@@ -201,10 +234,10 @@ def run() -> None:
             print(f"trainer: error: {e}", file=sys.stderr)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            print(f"trainer: interrupted{signals.TRAINER_NOTE}", file=sys.stderr)
+            print(f"trainer: interrupted{_checkpoint_note()}", file=sys.stderr)
             sys.exit(signals.INTERRUPT_EXIT_CODE)
         except signals.Terminated as e:
-            print(f"trainer: {e}", file=sys.stderr)
+            print(f"trainer: {str(e).replace(signals.TRAINER_NOTE, _checkpoint_note())}", file=sys.stderr)
             sys.exit(signals.EXIT_CODE)
 
     app.run(_main, flags_parser=_parse_flags)

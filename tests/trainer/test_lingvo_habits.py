@@ -1,0 +1,153 @@
+"""A Lingvo user's habits: their flags, their experiment classes, and what a run with nothing to do says.
+
+The flag pointers run through the binary's own flag parser in this process (they stop it before absl
+parses anything); the runs go through the real binary on tests/trainer/lingvo_experiment.py."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from params.errors import ConfigError
+from tests.trainer.runner import REPO, _env
+from trainer import lingvo_flags
+from trainer import main as trainer_main
+
+MODEL = "tests.trainer.lingvo_experiment.LingvoLinear"
+
+
+@pytest.mark.parametrize(
+    "flag, pointer",
+    [
+        (
+            "--saver_max_to_keep=3",
+            "task.train.save_max_to_keep, e.g. --params_override='task.train.save_max_to_keep : 3'",
+        ),
+        ("--worker_split_size=2", "cluster.num_logical_cpu_devices"),
+        ("--ps_replicas=2", "--cluster_spec"),
+        ("--worker_replicas=4", "--cluster_spec"),
+        ("--model_params_override=task.train.max_steps : 5", "here use --params_override"),
+    ],
+)
+def test_a_lingvo_flag_with_an_equivalent_points_to_it(flag, pointer, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        trainer_main._parse_flags(["trainer", "--model=image.digits.ConvNet", flag])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    name = flag.split("=")[0]
+    assert len(lines) == 1 and lines[0].startswith(f"trainer: error: {name} is Lingvo's flag; here use ")
+    assert pointer in lines[0]
+
+
+def test_a_flag_given_as_two_arguments_keeps_its_value():
+    line = lingvo_flags.pointer(["trainer", "--worker_split_size", "4", "--model=x"])
+    assert "cluster.num_logical_cpu_devices : 4" in line
+    assert lingvo_flags.pointer(["trainer", "--model=x", "--", "--saver_max_to_keep=3"]) is None
+
+
+def test_run_locally_is_the_one_process_mode():
+    assert lingvo_flags.local_mode("cpu", "sync", None, gpus=0) == "train"
+    assert lingvo_flags.local_mode("cpu", "inspect_params", None, gpus=0) == "inspect_params"
+    assert lingvo_flags.local_mode(None, "sync", "trainer=h:1", gpus=0) == "sync"
+    with pytest.raises(ConfigError, match="leave out one of them"):
+        lingvo_flags.local_mode("cpu", "sync", "trainer=h:1,h:2", gpus=0)
+    with pytest.raises(ConfigError, match="sees no GPU"):
+        lingvo_flags.local_mode("gpu", "train", None, gpus=0)
+    assert lingvo_flags.job_names(["controller", "trainer_client", "evaler_dev"]) == [
+        "controller",
+        "trainer",
+        "evaler_dev",
+    ]
+
+
+# ---------------------------------------------------------------------------------- the binary
+def _command(logdir, data_dir, *flags: str, model: str = MODEL, datasets=("train", "dev", "test")) -> list:
+    data = "; ".join(f"input.{ds}.data_file : '{data_dir / f'{ds}.npz'}'" for ds in datasets)
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        f"--model={model}",
+        f"--logdir={logdir}",
+        f"--params_override={data}",
+        *flags,
+    ]
+
+
+def _run(command: list) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def lingvo_run(tmp_path_factory, data_dir):
+    """Lingvo's README command line on a Lingvo-style experiment: it trains in this one process."""
+    logdir = tmp_path_factory.mktemp("lingvo") / "run"
+    flags = (
+        "--run_locally=cpu",
+        "--mode=sync",
+        "--logtostderr",
+        "--job=controller,trainer_client,evaler_dev",
+    )
+    return logdir, _run(_command(logdir, data_dir, *flags))
+
+
+@pytest.mark.slow
+def test_a_lingvo_experiment_trains_with_lingvos_flags(lingvo_run):
+    logdir, result = lingvo_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "jobs controller, trainer, evaler_dev" in result.stdout
+    assert "trainer: done at step 20" in result.stdout
+    assert "eval_dev: step 20:" in result.stdout
+    params = (logdir / "params.txt").read_text()
+    assert "input.train.batch_size : 16" in params and "Train" not in params
+
+
+@pytest.mark.slow
+def test_an_evaler_on_a_finished_run_says_there_is_nothing_left_to_score(lingvo_run, data_dir):
+    logdir, _ = lingvo_run
+    result = _run(_command(logdir, data_dir, "--job=evaler_dev"))
+    assert result.returncode == 0, result.stderr
+    assert "holds a finished run (checkpoint at step 20" in result.stdout  # said before any job starts
+    assert "every job done): nothing to do, nothing written" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_run_with_no_trainer_and_no_checkpoint_exits_2_and_writes_nothing(tmp_path, data_dir):
+    logdir = tmp_path / "eval_only"
+    model = "tests.trainer.lingvo_experiment.LingvoEvalOnly"
+    result = _run(_command(logdir, data_dir, model=model, datasets=("dev",)))
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("trainer: error: jobs evaler_dev, decoder_dev would wait forever:")
+    assert "has no 'train' data set, so no trainer will write one" in line
+    assert not logdir.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_checkpoint_says_none_was_saved(tmp_path, data_dir):
+    logdir = tmp_path / "interrupted"
+    command = _command(logdir, data_dir)
+    command[5] += "; task.train.max_steps : 10000000; task.train.save_interval_steps : 10000000"
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while "trainer: watch it with" not in log.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert code == 130, text
+    assert "trainer: interrupted; no checkpoint was saved yet" in text, text
+    assert "intact" not in text and "Traceback" not in text
