@@ -123,8 +123,8 @@ def check_combination(schedule: str, num_devices: int, num_micro_batches: int, v
         )
     if schedule == "interleaved_1f1b" and v > 1 and m % k:
         raise ScheduleError(
-            f"schedule='interleaved_1f1b' needs num_micro_batches ({m}) to be a multiple of num_stages ({k}); "
-            f"use num_micro_batches={k * max(1, round(m / k))} or virtual_stages=1"
+            f"schedule='interleaved_1f1b' needs num_micro_batches ({m}) to be a multiple of num_stages "
+            f"({k}); use num_micro_batches={k * max(1, round(m / k))} or virtual_stages=1"
         )
 
 
