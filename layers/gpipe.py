@@ -42,6 +42,7 @@ from absl import logging
 from layers import checks, partition, pipeline_devices
 from layers import pipeline_schedule as schedules
 from layers import pipeline_stage as stage_ops
+from layers import pipeline_torch_format as torch_format
 from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
@@ -119,6 +120,13 @@ class GPipeLayer(BaseLayer):
             "the last stage, fprop(..., head=...), as the tasks do. Same gradients for every schedule.",
         )
         p.define(
+            "schedule_file",
+            "",
+            "A schedule of your own instead of params.schedule: a CSV in torch.distributed.pipelining's "
+            "format (one row per device, actions like 0F1, 1I0, 1W0, 0B2, SEND_F/RECV_F/SEND_B/RECV_B; "
+            "docs/schedules.md), validated when the step is traced; its K and M must match the layer's.",
+        )
+        p.define(
             "virtual_stages",
             1,
             "v, stages per device for schedule=interleaved_1f1b: the layers are cut into K * v stages "
@@ -144,7 +152,7 @@ class GPipeLayer(BaseLayer):
         if bool(layers) == bool(stages):
             raise ConfigError(f"{self.path}: set exactly one of params.layers and params.stages")
         num_stages = _non_negative_int(self, "num_stages")
-        if self._virtual > 1 and self._schedule != "interleaved_1f1b":
+        if self._virtual > 1 and self._schedule != "interleaved_1f1b" and not self.params.schedule_file:
             raise ConfigError(
                 f"{self.path}: virtual_stages={self._virtual} needs schedule='interleaved_1f1b' (got "
                 f"{self._schedule!r}); set virtual_stages=1 or schedule='interleaved_1f1b'"
@@ -336,11 +344,33 @@ class GPipeLayer(BaseLayer):
     def schedule_for(self, num_micro_batches: int) -> schedules.Schedule:
         """The schedule a training step with M micro-batches runs (ConfigError if it cannot)."""
         try:
+            if self.params.schedule_file:
+                return self._schedule_from_file(num_micro_batches)
             return schedules.build(
                 self._schedule, self.num_devices, num_micro_batches, self._remat, self._virtual
             )
         except schedules.ScheduleError as e:
             raise ConfigError(f"{self.path}: {e}") from None
+
+    def _schedule_from_file(self, num_micro_batches: int) -> schedules.Schedule:
+        path = self.params.schedule_file
+        if not tf.io.gfile.exists(path):
+            raise ConfigError(f"{self.path}: params.schedule_file {path!r} does not exist")
+        with tf.io.gfile.GFile(path) as f:
+            rows = torch_format.read_csv(f.read())
+        try:
+            sched = torch_format.from_actions(rows, name=f"file:{path}")
+        except schedules.ScheduleError as e:
+            raise ConfigError(f"{self.path}: params.schedule_file {path}: {e}") from None
+        got = (sched.num_devices, sched.num_stages, sched.num_micro_batches)
+        want = (self.num_devices, self.num_stages, num_micro_batches)
+        if got != want:
+            raise ConfigError(
+                f"{self.path}: params.schedule_file {path} has {got[0]} ranks, {got[1]} stages and "
+                f"{got[2]} micro-batches; the layer has {want[0]} devices, {want[1]} stages and {want[2]} "
+                "micro-batches: set num_stages, virtual_stages and num_micro_batches to match"
+            )
+        return schedules.with_remat(sched, self._remat)
 
     @property
     def stage_bounds(self) -> list[int]:

@@ -150,6 +150,14 @@ def build(
     return Schedule(schedule, k, m, v, with_remat)
 
 
+def with_remat(schedule: Schedule, remat: str) -> Schedule:
+    """``schedule`` (e.g. read from a file) with a recompute before each re-materialized backward."""
+    remat_of = remat_micro_batches(remat, schedule.num_micro_batches)
+    plain = [[op for op in order if op.kind != RECOMPUTE] for order in schedule.orders]
+    orders = tuple(tuple(_with_recompute(order, remat_of)) for order in plain)
+    return dataclasses.replace(schedule, orders=orders)
+
+
 def stage_orders(
     schedule: str, num_stages: int, num_micro_batches: int, remat: str = "never"
 ) -> list[list[Op]]:

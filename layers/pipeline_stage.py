@@ -357,8 +357,23 @@ class _Step:
         return [None if g is None else tf.identity(g) for g in grads] if ys else grads
 
     def _seed_ones(self, m: int, ys: list[tf.Tensor]) -> None:
-        """In-step: the last stage's output gradient is ones on every float output (scaled later)."""
-        self.out_grads[(self.last_stage, m)] = [tf.ones_like(y) if y.dtype.is_floating else None for y in ys]
+        """In-step: the last stage's output gradient is ones on the float outputs the loss is made of
+        (the head's ``loss`` entry when it returns a dict with one, else every float output), zero on
+        the others (metrics beside the loss); the gradient function scales it."""
+        seeded = self._seeded(len(ys))
+        self.out_grads[(self.last_stage, m)] = [
+            (tf.ones_like(y) if on else tf.zeros_like(y)) if y.dtype.is_floating else None
+            for y, on in zip(ys, seeded)
+        ]
+
+    def _seeded(self, n: int) -> list[bool]:
+        structure = self.structures.get((self.last_stage, 0))
+        if isinstance(structure, dict) and "loss" in structure:
+            marks = {
+                key: tf.nest.map_structure(lambda _, k=key: k == "loss", v) for key, v in structure.items()
+            }
+            return [bool(x) for x in tf.nest.flatten(marks)]
+        return [True] * n
 
     def seed(self, per_m: list[list[Any]]) -> None:
         """Deferred: the output gradients from the tape (None for an unused output: zeros)."""
@@ -394,9 +409,9 @@ class _Step:
                     message=(
                         f"{self.ex.path}: schedule={self.sched.name} runs each micro-batch's backward inside "
                         "the step's forward, so the loss must be one constant times the sum of the head's "
-                        f"per-example outputs; the gradient of output {i} of micro-batch {m} is not that "
-                        "constant everywhere. Scale the per-example values in the head, or use "
-                        "schedule='fill_drain'"
+                        "per-example outputs (its 'loss' entry if it returns a dict with one; nothing from "
+                        f"the others); the gradient of output {i} of micro-batch {m} is not. Scale the "
+                        "per-example values in the head, or use schedule='fill_drain'"
                     ),
                 )
             )

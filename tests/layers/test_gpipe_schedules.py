@@ -145,6 +145,36 @@ def test_a_task_trains_with_the_unpipelined_gradients(schedule, k, m, v, remat):
         np.testing.assert_allclose(g, w, atol=TOL)
 
 
+def test_a_head_dict_with_a_loss_entry_seeds_only_the_loss():
+    """A head returning a loss and a differentiable metric beside it (an LM's log_pplx beside its
+    label-smoothed loss): only ``loss`` is differentiated; 1F1B-family schedules must agree."""
+
+    def head(ctx, y, target):
+        err = tf.reduce_sum(tf.square(y - target), axis=-1)
+        return {"loss": 0.5 * err, "metric": tf.reduce_sum(tf.abs(y - target), axis=-1)}
+
+    x = tf.constant(np.random.default_rng(5).normal(size=(4, 4)).astype(np.float32))
+
+    def grads(schedule, k, m):
+        pipe = (
+            gpipe.GPipeLayer.Params()
+            .set(name="net", layers=_layers([4, 4, 4]), num_stages=k, num_micro_batches=m, schedule=schedule)
+            .instantiate()
+        )
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                out = pipe(FPropContext(training=True), x, head=head, head_inputs=x * 0.5)
+                loss = tf.reduce_sum(out["loss"]) / 4.0
+            return tape.gradient(loss, pipe.trainable_variables)
+
+        return [g.numpy() for g in step()]
+
+    for got, want in zip(grads("zb_h1", 2, 2), grads("fill_drain", 1, 1)):
+        np.testing.assert_allclose(got, want, atol=TOL)
+
+
 def test_a_loss_that_is_not_a_constant_times_the_sum_fails_the_step_with_one_clear_error():
     pipe = (
         gpipe.GPipeLayer.Params()
