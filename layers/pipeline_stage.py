@@ -283,7 +283,7 @@ class _Step:
     def _inputs(self, s: int, m: int, dys: list[Any]) -> list[Any]:
         """I: the gradient flowing back through every segment to the stage's input."""
         if s == self.last_stage and not self.differentiable:
-            self.differentiable = self._differentiable(self.pieces[(s, m)][-1])
+            self.differentiable = self._differentiable(self.pieces[(s, m)][-1], len(self.heads[m]))
         grads = dys
         for piece in reversed(self.pieces[(s, m)]):
             piece.output_grads = grads
@@ -421,10 +421,12 @@ class _Step:
         return self.differentiable or [y.dtype.is_floating for y in self.outputs[0]]
 
     @staticmethod
-    def _differentiable(piece: _Piece) -> list[bool]:
-        """Which of the last segment's outputs carry a gradient back (a count of correct answers
-        does not). The probe gradients feed nothing, so the compiled step prunes them."""
-        sources = [x for x in piece.inputs if x.dtype.is_floating] + list(piece.tape.watched_variables())
+    def _differentiable(piece: _Piece, num_head_inputs: int) -> list[bool]:
+        """Which of the last segment's outputs carry a gradient back to the activations or weights (a
+        count of correct answers times the examples' weights does not). The probe gradients feed
+        nothing, so the compiled step prunes them."""
+        activations = piece.inputs[: len(piece.inputs) - num_head_inputs]
+        sources = [x for x in activations if x.dtype.is_floating] + list(piece.tape.watched_variables())
         out = []
         for y in piece.outputs:
             if not y.dtype.is_floating or not sources:
