@@ -206,9 +206,14 @@ class GPipeLayer(BaseLayer):
         devices = num_stages or (len(split_points) + 1) // v
         k = devices * v
         if k > n:
+            need = (
+                f"num_stages={devices}"
+                if v == 1
+                else f"num_stages={devices} x virtual_stages={v} needs {k} stages"
+            )
             raise ConfigError(
-                f"{self.path}: num_stages={devices} (x virtual_stages={v}) needs {k} stages but there are "
-                f"only {n} layers; each stage needs at least one layer, so use num_stages <= {n // v}"
+                f"{self.path}: {need} but there are only {n} layers; each stage needs at least one layer, "
+                f"so use num_stages <= {n // v}"
             )
         self._costs = {}
         if split_points:
