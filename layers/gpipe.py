@@ -2,31 +2,26 @@
 
 Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the stages' work inside the
 caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
-oneDNN ones, 4x slower), with stage k's ops placed on ``devices[k]``, so TensorFlow's executor overlaps
-the stages (tests/layers/test_gpipe_proofs.py checks the placement of every stage op and the overlap
-in a profiled step). ``params.schedule`` orders each stage's forwards and backwards in the graph, as
-``layers.pipeline_schedule.stage_orders`` lists them (``layers.pipeline_stage.StageOrder``):
-
-- ``fill_drain`` (GPipe): every forward (at clock t stage k runs micro-batch t - k), then every
-  backward from the last micro-batch to the first. Between the two a stage holds all M micro-batches:
-  with ``remat=always`` only their inputs (and one micro-batch's activations at a time, its
-  recompute), with ``never`` every activation, with ``except_last`` the last micro-batch's too.
-- ``one_f_one_b`` (1F1B, PipeDream-flush): stage k runs K - k forwards, then alternates one backward
-  and one forward, so it holds at most K - k micro-batches; same bubble, same gradients. A backward
-  runs before later forwards, so each micro-batch's output gradient must not depend on later
-  micro-batches: the loss is computed per micro-batch in the last stage (a ``head``); a loss on the
-  joined outputs is refused with a ConfigError when the step is traced.
+oneDNN ones, 4x slower), with stage s's ops placed on its device, so TensorFlow's executor overlaps
+the devices (tests/layers/test_gpipe_proofs.py checks the placement of every stage op and the overlap
+in a profiled step). ``params.schedule`` names a ``layers.pipeline_schedule.Schedule`` (fill_drain,
+one_f_one_b, interleaved_1f1b with ``virtual_stages``, zb_h1, zb_h2; docs/parallelism/schedules.md), and
+``layers.pipeline_stage.PipelineExecutor`` builds its units in the schedule's order: this layer keeps
+no order of its own. Every schedule gives the same gradients. All but fill_drain run a device's
+forwards after its backwards, which needs each micro-batch's output gradient when its backward is
+built: the loss is computed per micro-batch in the last stage (a ``head``) and summed (times one
+constant) by the caller, as the tasks do; anything else is refused with a ConfigError (no head) or
+fails the step with one clear error (a loss that is not a constant times the sum).
 
 A ``head`` (``fprop(ctx, x, head=...)``) runs in the last stage on each micro-batch's output with its
 share of ``head_inputs``: the tasks compute their per-example loss there. The micro-batch split's
 gradient runs on the first stage's device and the join's on the last.
 
-Re-materialization. Each (stage, micro-batch) is one ``tf.custom_gradient`` op. With remat it keeps
-only its input: the backward pass recomputes the stage's forward (with ``record_updates=False`` and the
-same randomness keys, so it equals the first forward), starting only when the output gradient
-arrives. The per-micro-batch weight gradients are summed as they come (one running sum per weight
-rather than M gradients alive at once) and handed to the tape by the stage's last backward: the
-update equals the unpipelined one for any K and M.
+Re-materialization. With remat a (stage, micro-batch) keeps only its input: the schedule's recompute
+unit runs the stage's forward again (with ``record_updates=False`` and the same randomness keys, so
+it equals the first forward), starting only when the output gradient arrives. The per-micro-batch
+weight gradients are summed as they come (one running sum per weight rather than M gradients alive
+at once): the update equals the unpipelined one for any K and M.
 
 Deferred batch norm. Layers see ``ctx.for_micro_batch(m)``: batch norm normalizes each micro-batch by
 its own statistics and records them (weighted by element count) in the first forward only; the step
@@ -47,6 +42,7 @@ from absl import logging
 from layers import checks, partition, pipeline_devices
 from layers import pipeline_schedule as schedules
 from layers import pipeline_stage as stage_ops
+from layers import pipeline_torch_format as torch_format
 from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
@@ -115,11 +111,28 @@ class GPipeLayer(BaseLayer):
         p.define(
             "schedule",
             "fill_drain",
-            "The order of each stage's forwards and backwards in a training step: fill_drain (GPipe: "
-            "every forward, then every backward; a stage holds all M micro-batches in between) or "
+            "The order of each device's forwards and backwards in a training step "
+            "(docs/parallelism/schedules.md): fill_drain (GPipe: every forward, then every backward; a stage holds all M micro-batches), "
             "one_f_one_b (1F1B: after K - k forwards stage k alternates one backward and one forward, "
-            "so it holds at most K - k; same bubble, same gradients; needs the loss computed per "
-            "micro-batch in the last stage, fprop(..., head=...), as the tasks do).",
+            "holding at most K - k), interleaved_1f1b (1F1B over virtual_stages chunks per device; "
+            "bubble / v; M a multiple of K), zb_h1 or zb_h2 (zero bubble: the backward split into input "
+            "and weight gradients, the weight halves filling the bubble; H1 at 1F1B's peak memory, H2 "
+            "up to 2K - 1 micro-batches). All but fill_drain need the loss computed per micro-batch in "
+            "the last stage, fprop(..., head=...), as the tasks do. Same gradients for every schedule.",
+        )
+        p.define(
+            "schedule_file",
+            "",
+            "A schedule of your own instead of params.schedule: a CSV in torch.distributed.pipelining's "
+            "format (one row per device, actions like 0F1, 1I0, 1W0, 0B2, SEND_F/RECV_F/SEND_B/RECV_B; "
+            "docs/parallelism/schedules.md), validated when the step is traced; its K and M must match "
+            "the layer's.",
+        )
+        p.define(
+            "virtual_stages",
+            1,
+            "v, stages per device for schedule=interleaved_1f1b: the layers are cut into K * v stages "
+            "and device d runs stages d, d + K, ...",
         )
         return p
 
@@ -127,6 +140,7 @@ class GPipeLayer(BaseLayer):
         super().__init__(params, parent)
         self._remat = checks.one_of(self, "remat", REMAT_POLICIES)
         self._schedule = checks.one_of(self, "schedule", schedules.SCHEDULES)
+        self._virtual = checks.positive_int(self, "virtual_stages")
         method = checks.one_of(self, "partition_method", partition.METHODS)
         self._batch_dim = _non_negative_int(self, "batch_dim")
         self._num_micro_batches = checks.positive_int(self, "num_micro_batches")
@@ -140,6 +154,11 @@ class GPipeLayer(BaseLayer):
         if bool(layers) == bool(stages):
             raise ConfigError(f"{self.path}: set exactly one of params.layers and params.stages")
         num_stages = _non_negative_int(self, "num_stages")
+        if self._virtual > 1 and self._schedule != "interleaved_1f1b" and not self.params.schedule_file:
+            raise ConfigError(
+                f"{self.path}: virtual_stages={self._virtual} needs schedule='interleaved_1f1b' (got "
+                f"{self._schedule!r}); set virtual_stages=1 or schedule='interleaved_1f1b'"
+            )
         if stages:
             self._init_stages(stages, num_stages)
         else:
@@ -149,31 +168,54 @@ class GPipeLayer(BaseLayer):
 
     # ---------------------------------------------------------------------------------- building
     def _init_stages(self, stages: list[Params], num_stages: int) -> None:
-        if num_stages not in (0, len(stages)):
-            raise ConfigError(f"{self.path}: num_stages={num_stages} but params.stages has {len(stages)}")
+        v = self._virtual
+        if len(stages) % v:
+            raise ConfigError(
+                f"{self.path}: params.stages has {len(stages)} stages, not a multiple of virtual_stages={v}; "
+                f"give {v} stages per device"
+            )
+        if num_stages not in (0, len(stages) // v):
+            raise ConfigError(
+                f"{self.path}: num_stages={num_stages} but params.stages has {len(stages)} "
+                f"(virtual_stages={v}: {len(stages) // v} devices)"
+            )
         if self.params.split_points:
             raise ConfigError(
                 f"{self.path}: split_points cut params.layers; leave it empty with params.stages"
             )
         self._costs: dict[str, list[float]] = {}
         self._bounds = list(range(len(stages) + 1))
-        self._devices = self._resolve_devices(len(stages))
-        self._layers = self._build(stages, self._devices, "stage")
+        self._devices = self._resolve_devices(len(stages) // v)
+        self._layers = self._build(
+            stages, [self._devices[s % len(self._devices)] for s in range(len(stages))], "stage"
+        )
         self._add_report_costs()
 
     def _init_layers(self, layers: list[Params], num_stages: int, method: str) -> None:
         n = len(layers)
         split_points = list(self.params.split_points)
-        if split_points and num_stages not in (0, len(split_points) + 1):
+        if split_points and num_stages not in (0, (len(split_points) + 1) // self._virtual):
             raise ConfigError(
                 f"{self.path}: num_stages={num_stages} but split_points {split_points} make "
                 f"{len(split_points) + 1} stages"
             )
-        k = num_stages or len(split_points) + 1
-        if k > n:
+        v = self._virtual
+        if split_points and (len(split_points) + 1) % v:
             raise ConfigError(
-                f"{self.path}: num_stages={k} but there are only {n} layers; each stage needs at least "
-                f"one layer, so use num_stages <= {n}"
+                f"{self.path}: split_points make {len(split_points) + 1} stages, not a multiple of "
+                f"virtual_stages={v}; give {v} stages per device"
+            )
+        devices = num_stages or (len(split_points) + 1) // v
+        k = devices * v
+        if k > n:
+            need = (
+                f"num_stages={devices}"
+                if v == 1
+                else f"num_stages={devices} x virtual_stages={v} needs {k} stages"
+            )
+            raise ConfigError(
+                f"{self.path}: {need} but there are only {n} layers; each stage needs at least one layer, "
+                f"so use num_stages <= {n // v}"
             )
         self._costs = {}
         if split_points:
@@ -185,9 +227,9 @@ class GPipeLayer(BaseLayer):
             # (initialization is stateless, so the weights come out the same).
             costs = self._estimate(method, self._build(layers, [None] * n, "layer", attach=False))
             self._bounds = self._checked(partition.balanced_bounds, costs, k)
-        self._devices = self._resolve_devices(k)
+        self._devices = self._resolve_devices(devices)
         stage_of = [s for s in range(k) for _ in range(self._bounds[s], self._bounds[s + 1])]
-        self._layers = self._build(layers, [self._devices[s] for s in stage_of], "layer")
+        self._layers = self._build(layers, [self._devices[s % devices] for s in stage_of], "layer")
         self._add_report_costs()
 
     def _checked(self, fn: Callable[..., list[int]], *args: Any) -> list[int]:
@@ -274,10 +316,17 @@ class GPipeLayer(BaseLayer):
         title = (
             f"GPipe {self.path}: {len(self._layers)} layers in {k} stages ({how}), {micro}, "
             f"remat={self._remat}, schedule={self._schedule}"
+            + (
+                f", virtual_stages={self._virtual} on {len(self._devices)} devices"
+                if self._virtual > 1
+                else ""
+            )
         )
         num_params = [x.num_parameters() for x in self._layers]
         names = [x.params.name for x in self._layers]
-        return partition.format_report(title, names, self._bounds, self._devices, num_params, self._costs)
+        return partition.format_report(
+            title, names, self._bounds, self.stage_devices, num_params, self._costs
+        )
 
     # --------------------------------------------------------------------------------- inspection
     @property
@@ -286,8 +335,49 @@ class GPipeLayer(BaseLayer):
 
     @property
     def devices(self) -> list[str | None]:
-        """The device of each stage (None: the caller's device)."""
+        """The device of each schedule device (None: the caller's device); one per stage unless
+        virtual_stages > 1."""
         return list(self._devices)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self._devices)
+
+    @property
+    def stage_devices(self) -> list[str | None]:
+        """The device of each stage: stage s runs on ``devices[s % num_devices]``."""
+        return [self._devices[s % len(self._devices)] for s in range(self.num_stages)]
+
+    def schedule_for(self, num_micro_batches: int) -> schedules.Schedule:
+        """The schedule a training step with M micro-batches runs (ConfigError if it cannot)."""
+        try:
+            if self.params.schedule_file:
+                return self._schedule_from_file(num_micro_batches)
+            return schedules.build(
+                self._schedule, self.num_devices, num_micro_batches, self._remat, self._virtual
+            )
+        except schedules.ScheduleError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
+
+    def _schedule_from_file(self, num_micro_batches: int) -> schedules.Schedule:
+        path = self.params.schedule_file
+        if not tf.io.gfile.exists(path):
+            raise ConfigError(f"{self.path}: params.schedule_file {path!r} does not exist")
+        with tf.io.gfile.GFile(path) as f:
+            rows = torch_format.read_csv(f.read())
+        try:
+            sched = torch_format.from_actions(rows, name=f"file:{path}")
+        except schedules.ScheduleError as e:
+            raise ConfigError(f"{self.path}: params.schedule_file {path}: {e}") from None
+        got = (sched.num_devices, sched.num_stages, sched.num_micro_batches)
+        want = (self.num_devices, self.num_stages, num_micro_batches)
+        if got != want:
+            raise ConfigError(
+                f"{self.path}: params.schedule_file {path} has {got[0]} ranks, {got[1]} stages and "
+                f"{got[2]} micro-batches; the layer has {want[0]} devices, {want[1]} stages and {want[2]} "
+                "micro-batches: set num_stages, virtual_stages and num_micro_batches to match"
+            )
+        return schedules.with_remat(sched, self._remat)
 
     @property
     def stage_bounds(self) -> list[int]:
@@ -307,22 +397,34 @@ class GPipeLayer(BaseLayer):
         return self._report
 
     # ------------------------------------------------------------------------------------- fprop
-    def _stage_fn(self, k: int, head: HeadFn | None = None) -> stage_ops.StageFn:
-        layers = self.stage_layers(k)
+    def _segments(self, k: int, head: HeadFn | None = None) -> list[stage_ops.Segment]:
+        """Stage k as segments (its layers; the head last, taking ``(x, head_inputs)``): the units of
+        its backward's input and weight halves."""
+        segments: list[stage_ops.Segment] = list(self.stage_layers(k))
+        if head is None:
+            return segments
+
+        def first(ctx: FPropContext, x_and_head_inputs: Any) -> Any:
+            x, head_inputs = x_and_head_inputs
+            return segments[0](ctx, x), head_inputs
+
+        def middle(layer: BaseLayer) -> stage_ops.Segment:
+            return lambda ctx, pair: (layer(ctx, pair[0]), pair[1])
+
+        def run_head(ctx: FPropContext, pair: Any) -> Any:
+            return head(ctx, pair[0], pair[1])
+
+        return [first] + [middle(layer) for layer in segments[1:]] + [run_head]
+
+    def _stage_fn(self, k: int, head: HeadFn | None = None) -> stage_ops.Segment:
+        segments = self._segments(k, head)
 
         def run(ctx: FPropContext, x: Any) -> Any:
-            for layer in layers:
-                x = layer(ctx, x)
+            for segment in segments:
+                x = segment(ctx, x)
             return x
 
-        if head is None:
-            return run
-
-        def run_with_head(ctx: FPropContext, x_and_head_inputs: Any) -> Any:
-            x, head_inputs = x_and_head_inputs
-            return head(ctx, run(ctx, x), head_inputs)
-
-        return run_with_head
+        return run
 
     def num_micro_batches_for(self, batch_size: int) -> int:
         """M for a training batch of ``batch_size`` examples (ConfigError unless M divides it)."""
@@ -394,39 +496,33 @@ class GPipeLayer(BaseLayer):
         head_micro: list[list[tf.Tensor]] | None = None,
         head_structure: Any = None,
     ) -> tuple:
-        """Builds the forwards in clock order (at clock t stage k runs micro-batch t - k on
-        ``devices[k]``; the last stage also runs the head, on its share of the head inputs); the
-        schedule then orders each stage's forwards and backwards in the graph (``StageOrder``)."""
+        """Training: the schedule's units, built by ``pipeline_stage.PipelineExecutor``. Inference (or
+        one stage and one micro-batch without remat): the stages in order, no custom gradient."""
         k_stages, m_count = self.num_stages, len(micro)
         head_micro = head_micro or [[] for _ in range(m_count)]
         remat = schedules.remat_micro_batches(self._remat, m_count)
-        # An unpipelined step without remat needs no custom gradient: the plain layers are cheaper.
-        custom = ctx.training and (k_stages > 1 or m_count > 1 or any(remat))
-        if custom:
-            order = stage_ops.StageOrder(self.path, self._schedule, k_stages, m_count)
-            state = stage_ops.BackwardState(order, ascending=self._schedule == "one_f_one_b")
+        if ctx.training and (k_stages > 1 or m_count > 1 or any(remat)):
+            executor = stage_ops.PipelineExecutor(
+                self.path,
+                self.schedule_for(m_count),
+                [self._segments(k, head if k == k_stages - 1 else None) for k in range(k_stages)],
+                self._devices,
+                remat,
+                ctx,
+                head is not None,
+            )
+            return executor(micro, structure, head_micro, head_structure)
         current = list(micro)
         structures = [structure] * m_count
-        previous: list[list[tf.Tensor] | None] = [None] * k_stages
-        for t in range(m_count + k_stages - 1):
-            for k in range(max(0, t - m_count + 1), min(k_stages, t + 1)):
-                m = t - k
+        for m in range(m_count):
+            for k in range(k_stages):
                 last = k == k_stages - 1 and head is not None
                 fn = self._stage_fn(k, head if last else None)
-                with pipeline_devices.on(self._devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
+                with pipeline_devices.on(self.stage_devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
                     s_in = (structures[m], head_structure) if last else structures[m]
                     xs_in = current[m] + head_micro[m] if last else current[m]
-                    if custom:
-                        call = stage_ops.StageCall(
-                            fn, ctx, m, k, self._devices[k], remat[m], state, order, k == k_stages - 1
-                        )
-                        # Micro-batch m's inputs wait for the stage's previous outputs: the tape then
-                        # runs a stage's backwards from the last micro-batch to the first.
-                        ys, structures[m] = call(xs_in, s_in, previous[k])
-                    else:
-                        y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))
-                        ys, structures[m] = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)], y
-                current[m] = previous[k] = ys
+                    y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))
+                current[m], structures[m] = [tf.convert_to_tensor(v) for v in tf.nest.flatten(y)], y
         return current, structures[0]
 
     def _join(self, outputs: list[list[tf.Tensor]]) -> list[tf.Tensor]:

@@ -1,17 +1,31 @@
-"""Pipeline schedules as data: which (stage, micro-batch) work each stage does, in which order, and when.
+"""Pipeline schedules as data: which unit of work each device runs, in which order, and when.
 
-A schedule is, per stage, the ordered list of its ops: a forward, a recompute (re-materialization: the
-stage's forward run again in the backward pass) or a backward of one micro-batch. ``stage_orders``
-gives that order for GPipe's ``fill_drain`` and for ``one_f_one_b`` (1F1B, PipeDream-flush); then
+A ``Schedule`` lists, per device, the ordered units (``Op``) it runs: the forward of micro-batch m on
+stage s (F), its recompute (re-materialization: the forward run again before the backward), its full
+backward (B), or the backward split in two (Qi et al., zero-bubble pipelining): the gradient for the
+stage's input (I, on the critical path) and the gradient for its weights (W, free to fill a bubble).
+With ``virtual_stages`` v the model is cut into K*v stages and device d holds stages d, d+K, ...
+(interleaved 1F1B). The schedule is the one source of truth: the GPipe executor builds its units in
+these orders, the simulator and the pictures lay them out, and ``torch_format`` reads and writes them.
+
+Families (``SCHEDULES``):
+
+- ``fill_drain`` (GPipe): every forward, then every backward from the last micro-batch to the first.
+- ``one_f_one_b`` (1F1B, PipeDream-flush): device d runs K - d forwards, then alternates B and F.
+- ``interleaved_1f1b`` (Megatron-LM): 1F1B over v virtual stages per device, M a multiple of K.
+- ``zb_h1`` / ``zb_h2`` (zero bubble): B split into I and W; after 1F1B's warm-up each device runs
+  an I as soon as its gradient arrives, else a forward while it holds fewer than K (H1: 1F1B's peak)
+  or 2K - 1 (H2) micro-batches, else a pending W that fills the bubble. Generated once in unit time,
+  then fixed.
+
 ``timeline`` places every op in time from per-op costs under the pipeline's dependencies:
 
-- forward (k, m) needs forward (k - 1, m): a stage's input is the previous stage's output;
-- backward (k, m), and the recompute before it, need backward (k + 1, m): the output gradient; the
-  last stage's backward needs only its own forward (the loss is computed in the last stage);
-- a stage runs one op at a time, in its order.
+- forward (s, m) needs forward (s - 1, m): a stage's input is the previous stage's output;
+- a backward (B or I) of (s, m), and the recompute before it, need the backward (B or I) of
+  (s + 1, m): the output gradient; the last stage's needs only its own forward (the loss is
+  computed in the last stage); W of (s, m) needs I of (s, m);
+- a device runs one op at a time, in its order; a hand-off between devices costs ``transfer``.
 
-``events`` is that timeline in unit clocks (forward 1, backward 2, recompute 1): what the tests check
-against the closed forms, and what the simulator and the timeline picture read with real costs.
 Everything here is plain Python: no TensorFlow.
 """
 
@@ -21,10 +35,19 @@ import dataclasses
 from collections.abc import Sequence
 
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
+BACKWARD_INPUT, BACKWARD_WEIGHT = "backward_input", "backward_weight"
 KINDS = (FORWARD, RECOMPUTE, BACKWARD)
-SCHEDULES = ("fill_drain", "one_f_one_b")
+ALL_KINDS = (FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+GRADIENT_KINDS = (BACKWARD, BACKWARD_INPUT)  # the units that hand a gradient to the previous stage
+CLASSIC = ("fill_drain", "one_f_one_b")
+SCHEDULES = ("fill_drain", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_h2")
+SPLIT_BACKWARD = ("zb_h1", "zb_h2")
 REMAT_POLICIES = ("always", "except_last", "never")
-UNIT_COSTS = {FORWARD: 1.0, RECOMPUTE: 1.0, BACKWARD: 2.0}
+UNIT_COSTS = {FORWARD: 1.0, RECOMPUTE: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run, or bad arguments for one; the message names the first problem."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,17 +61,45 @@ class Op:
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """An op placed in time: it runs on its stage from ``start`` to ``end``."""
+    """An op placed in time: it runs on its device from ``start`` to ``end``."""
 
     start: float
     end: float
     stage: int
     micro_batch: int
     kind: str
+    device: int = -1  # -1: the stage's own device (one stage per device)
 
     @property
     def op(self) -> Op:
         return Op(self.stage, self.micro_batch, self.kind)
+
+    @property
+    def row(self) -> int:
+        """The device the event runs on (its row in a picture)."""
+        return self.stage if self.device < 0 else self.device
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Per device, the ops it runs in order; stage s runs on device ``s % num_devices``."""
+
+    name: str
+    num_devices: int
+    num_micro_batches: int
+    virtual_stages: int
+    orders: tuple[tuple[Op, ...], ...]
+
+    @property
+    def num_stages(self) -> int:
+        return self.num_devices * self.virtual_stages
+
+    def device_of(self, stage: int) -> int:
+        return stage % self.num_devices
+
+    def stage_order(self, stage: int) -> list[Op]:
+        """Stage ``stage``'s ops in the order its device runs them."""
+        return [op for op in self.orders[self.device_of(stage)] if op.stage == stage]
 
 
 def remat_micro_batches(remat: str, num_micro_batches: int) -> list[bool]:
@@ -59,42 +110,142 @@ def remat_micro_batches(remat: str, num_micro_batches: int) -> list[bool]:
     return [remat == "always" or (remat == "except_last" and m < m_count - 1) for m in range(m_count)]
 
 
+def check_combination(schedule: str, num_devices: int, num_micro_batches: int, virtual_stages: int) -> None:
+    """Raises ScheduleError (one line naming the knob and the fix) for a combination that cannot run."""
+    _check_choice("schedule", schedule, SCHEDULES)
+    k = _positive("num_stages", num_devices)
+    m = _positive("num_micro_batches", num_micro_batches)
+    v = _positive("virtual_stages", virtual_stages)
+    if v > 1 and schedule != "interleaved_1f1b":
+        raise ScheduleError(
+            f"virtual_stages={v} needs schedule='interleaved_1f1b' (got {schedule!r}); set virtual_stages=1 "
+            "or schedule='interleaved_1f1b'"
+        )
+    if schedule == "interleaved_1f1b" and v > 1 and m % k:
+        raise ScheduleError(
+            f"schedule='interleaved_1f1b' needs num_micro_batches ({m}) to be a multiple of num_stages "
+            f"({k}); use num_micro_batches={k * max(1, round(m / k))} or virtual_stages=1"
+        )
+
+
+def build(
+    schedule: str, num_devices: int, num_micro_batches: int, remat: str = "never", virtual_stages: int = 1
+) -> Schedule:
+    """The schedule ``schedule`` for K devices, M micro-batches and v virtual stages per device."""
+    check_combination(schedule, num_devices, num_micro_batches, virtual_stages)
+    k, m, v = num_devices, num_micro_batches, virtual_stages
+    if schedule == "fill_drain":
+        orders = [
+            [Op(d, b, FORWARD) for b in range(m)] + [Op(d, b, BACKWARD) for b in reversed(range(m))]
+            for d in range(k)
+        ]
+    elif schedule == "one_f_one_b" or (schedule == "interleaved_1f1b" and v == 1):
+        orders = [_one_f_one_b(d, k, m) for d in range(k)]
+    elif schedule == "interleaved_1f1b":
+        orders = [_interleaved(d, k, m, v) for d in range(k)]
+    else:
+        orders = _zero_bubble(k, m, h2=schedule == "zb_h2")
+    remat_of = remat_micro_batches(remat, m)
+    with_remat = tuple(tuple(_with_recompute(order, remat_of)) for order in orders)
+    return Schedule(schedule, k, m, v, with_remat)
+
+
+def with_remat(schedule: Schedule, remat: str) -> Schedule:
+    """``schedule`` (e.g. read from a file) with a recompute before each re-materialized backward."""
+    remat_of = remat_micro_batches(remat, schedule.num_micro_batches)
+    plain = [[op for op in order if op.kind != RECOMPUTE] for order in schedule.orders]
+    orders = tuple(tuple(_with_recompute(order, remat_of)) for order in plain)
+    return dataclasses.replace(schedule, orders=orders)
+
+
 def stage_orders(
     schedule: str, num_stages: int, num_micro_batches: int, remat: str = "never"
 ) -> list[list[Op]]:
-    """Each stage's ops in the order it runs them.
+    """Each device's ops in order, one stage per device (``build(...).orders`` as lists)."""
+    return [list(order) for order in build(schedule, num_stages, num_micro_batches, remat).orders]
 
-    fill_drain: every forward (m = 0..M-1), then every backward in reverse (m = M-1..0), as GPipe.
-    one_f_one_b: stage k first runs min(K - k, M) forwards, then alternates one backward (oldest micro-
-    batch first) and one forward until the forwards are done, then the remaining backwards; so stage k
-    never holds more than K - k micro-batches between their forward and their backward.
-    A re-materialized micro-batch's recompute comes right before its backward.
-    """
-    _check_choice("schedule", schedule, SCHEDULES)
-    k_count = _positive("num_stages", num_stages)
-    m_count = _positive("num_micro_batches", num_micro_batches)
-    remat_of = remat_micro_batches(remat, m_count)
 
-    def backward(k: int, m: int) -> list[Op]:
-        ops = [Op(k, m, RECOMPUTE)] if remat_of[m] else []
-        return ops + [Op(k, m, BACKWARD)]
+def _with_recompute(order: Sequence[Op], remat_of: list[bool]) -> list[Op]:
+    out = []
+    for op in order:
+        if op.kind in GRADIENT_KINDS and remat_of[op.micro_batch]:
+            out.append(Op(op.stage, op.micro_batch, RECOMPUTE))
+        out.append(op)
+    return out
 
-    orders = []
-    for k in range(k_count):
-        ops: list[Op] = []
-        if schedule == "fill_drain":
-            ops += [Op(k, m, FORWARD) for m in range(m_count)]
-            for m in reversed(range(m_count)):
-                ops += backward(k, m)
-        else:
-            warmup = min(k_count - k, m_count)
-            ops += [Op(k, m, FORWARD) for m in range(warmup)]
-            for m in range(m_count):
-                ops += backward(k, m)
-                if warmup + m < m_count:
-                    ops.append(Op(k, warmup + m, FORWARD))
-        orders.append(ops)
+
+def _one_f_one_b(d: int, k: int, m: int) -> list[Op]:
+    warmup = min(k - d, m)
+    ops = [Op(d, b, FORWARD) for b in range(warmup)]
+    for b in range(m):
+        ops.append(Op(d, b, BACKWARD))
+        if warmup + b < m:
+            ops.append(Op(d, warmup + b, FORWARD))
+    return ops
+
+
+def _interleaved(d: int, k: int, m: int, v: int) -> list[Op]:
+    """Megatron-LM's interleaved order: virtual micro-batch i is micro-batch ``(i // (K v)) K + i % K``
+    on chunk ``(i // K) % v`` (reversed for backwards); ``2 (K - d - 1) + (v - 1) K`` warm-up forwards,
+    then one forward and one backward at a time."""
+    total = m * v
+
+    def unit(i: int, kind: str) -> Op:
+        chunk = (i // k) % v
+        if kind == BACKWARD:
+            chunk = v - 1 - chunk
+        return Op(chunk * k + d, (i // (k * v)) * k + i % k, kind)
+
+    warmup = min(2 * (k - d - 1) + (v - 1) * k, total)
+    ops = [unit(i, FORWARD) for i in range(warmup)]
+    for j in range(total - warmup):
+        ops += [unit(warmup + j, FORWARD), unit(j, BACKWARD)]
+    ops += [unit(j, BACKWARD) for j in range(total - warmup, total)]
+    return ops
+
+
+def _zero_bubble(k: int, m: int, h2: bool) -> list[list[Op]]:
+    """ZB-H1 / ZB-H2 by a greedy walk in unit time (F = I = W = 1). Device d first runs forwards while
+    fewer than ``warm`` (K - d; H2: 2(K - d) - 1) micro-batches wait for their I, as 1F1B warms up;
+    then, in this priority, an I whose gradient has arrived, a forward while it holds fewer than
+    ``limit`` micro-batches between forward and W (K, 1F1B's peak; H2: 2K - 1), a pending W."""
+    limit = 2 * k - 1 if h2 else k
+    warm = [2 * (k - d) - 1 if h2 else k - d for d in range(k)]
+    done: set[Op] = set()
+    orders: list[list[Op]] = [[] for _ in range(k)]
+    nf, ni, nw = [0] * k, [0] * k, [0] * k
+    while len(done) < 3 * k * m:
+        finished = []
+        for d in range(k):
+            f, i, w = nf[d], ni[d], nw[d]
+            grad_in = Op(d, i, FORWARD) if d == k - 1 else Op(d + 1, i, BACKWARD_INPUT)
+            ready = {
+                BACKWARD_INPUT: i < f and grad_in in done,
+                FORWARD: f < m and f - w < limit and (d == 0 or Op(d - 1, f, FORWARD) in done),
+                BACKWARD_WEIGHT: w < i,
+            }
+            priority = (FORWARD, BACKWARD_INPUT) if f - i < warm[d] else (BACKWARD_INPUT, FORWARD)
+            for kind in (*priority, BACKWARD_WEIGHT):
+                if ready[kind]:
+                    counter = {FORWARD: nf, BACKWARD_INPUT: ni, BACKWARD_WEIGHT: nw}[kind]
+                    op = Op(d, counter[d], kind)
+                    counter[d] += 1
+                    orders[d].append(op)
+                    finished.append(op)
+                    break
+        if not finished:  # cannot happen: the last device can always make progress
+            raise ScheduleError(f"zero-bubble generation stalled at K={k}, M={m}")
+        done.update(finished)
     return orders
+
+
+# ------------------------------------------------------------------------------------ the timeline
+def _devices(orders: Sequence[Sequence[Op]]) -> dict[int, int]:
+    return {op.stage: d for d, order in enumerate(orders) for op in order}
+
+
+def _num_stages(orders: Sequence[Sequence[Op]]) -> int:
+    return max([len(orders)] + [op.stage + 1 for order in orders for op in order])
 
 
 def timeline(
@@ -103,123 +254,149 @@ def timeline(
     transfer: float = 0.0,
     alone_speedup: Sequence[float] | None = None,
 ) -> list[Event]:
-    """Places every op in time, as early as its stage and its inputs allow.
+    """Places every op in time, as early as its device and its inputs allow.
 
-    ``cost[kind][k]`` is the duration of one ``kind`` op of stage k; ``transfer`` is added to every
-    hand-off between stages (an activation forward, a gradient backward). ``alone_speedup[k]`` (default
-    1: every stage owns its device) is how many times faster stage k works while no other stage is
-    busy: where the stages' devices share the host's cores, a lone stage's independent ops (a layer's
-    input and weight gradients) spread over the idle ones. Returns the events sorted by start time,
-    then stage. Raises ValueError if the orders deadlock (an op waits for one that can only run after
-    it).
+    ``orders[d]`` is device d's ops; ``cost[kind][s]`` is the duration of one ``kind`` op of stage s;
+    ``transfer`` is added to every hand-off between devices (an activation forward, a gradient
+    backward). ``alone_speedup[d]`` (default 1: every device is its own) is how many times faster
+    device d works while no other device is busy: where the devices share the host's cores, a lone
+    stage's independent ops spread over the idle ones. Returns the events sorted by start time, then
+    device. Raises ScheduleError if the orders deadlock (an op waits for one that runs after it).
     """
     k_count = len(orders)
-    for kind in KINDS:
-        if len(cost.get(kind, ())) != k_count:
-            raise ValueError(f"cost[{kind!r}] needs one duration per stage ({k_count})")
+    s_count = _num_stages(orders)
+    used = {op.kind for order in orders for op in order}
+    for kind in sorted(set(KINDS) | used):
+        if len(cost.get(kind, ())) != s_count:
+            raise ScheduleError(f"cost[{kind!r}] needs one duration per stage ({s_count})")
     if alone_speedup is not None:
         if len(alone_speedup) != k_count or any(not (a >= 1.0) for a in alone_speedup):
-            raise ValueError(f"alone_speedup needs a factor >= 1 per stage ({k_count}), got {alone_speedup}")
+            raise ScheduleError(
+                f"alone_speedup needs a factor >= 1 per stage ({k_count}), got {alone_speedup}"
+            )
         if any(a != 1.0 for a in alone_speedup):
             return _shared_timeline(orders, cost, transfer, alone_speedup)
+    device = _devices(orders)
     done: dict[Op, float] = {}
-    stage_free = [0.0] * k_count
+    free = [0.0] * k_count
     position = [0] * k_count
     events: list[Event] = []
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
-        for k in range(k_count):
-            while position[k] < len(orders[k]):
-                op = orders[k][position[k]]
-                ready = _ready_time(op, k_count, done, transfer)
+        for d in range(k_count):
+            while position[d] < len(orders[d]):
+                op = orders[d][position[d]]
+                ready = _ready_time(op, s_count, done, transfer, device)
                 if ready is None:
                     break
-                start = max(ready, stage_free[k])
-                end = start + float(cost[op.kind][k])
+                start = max(ready, free[d])
+                end = start + float(cost[op.kind][op.stage])
                 done[op] = end
-                stage_free[k] = end
-                events.append(Event(start, end, op.stage, op.micro_batch, op.kind))
-                position[k] += 1
+                free[d] = end
+                events.append(Event(start, end, op.stage, op.micro_batch, op.kind, d))
+                position[d] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise _deadlock(orders, position)
-    return sorted(events, key=lambda e: (e.start, e.stage))
+    return sorted(events, key=lambda e: (e.start, e.row))
 
 
 def _shared_timeline(
     orders: Sequence[Sequence[Op]], cost: dict[str, Sequence[float]], transfer: float, alone: Sequence[float]
 ) -> list[Event]:
-    """``timeline`` where a stage's speed depends on how many stages are busy: an event loop that
+    """``timeline`` where a device's speed depends on how many devices are busy: an event loop that
     advances to the next finish or hand-off, each running op progressing at 1 / cost (times
-    ``alone[k]`` while it is the only one running)."""
+    ``alone[d]`` while it is the only one running)."""
     k_count = len(orders)
+    s_count = _num_stages(orders)
+    device = _devices(orders)
     done: dict[Op, float] = {}
     position = [0] * k_count
-    running: dict[int, list] = {}  # stage -> [op, start, work left as a fraction of the op]
+    running: dict[int, list] = {}  # device -> [op, start, work left as a fraction of the op]
     events: list[Event] = []
     now = 0.0
-    while any(position[k] < len(orders[k]) for k in range(k_count)) or running:
+    while any(position[d] < len(orders[d]) for d in range(k_count)) or running:
         waits = []
-        for k in range(k_count):
-            if k in running or position[k] >= len(orders[k]):
+        for d in range(k_count):
+            if d in running or position[d] >= len(orders[d]):
                 continue
-            op = orders[k][position[k]]
-            ready = _ready_time(op, k_count, done, transfer)
+            op = orders[d][position[d]]
+            ready = _ready_time(op, s_count, done, transfer, device)
             if ready is not None and ready <= now + 1e-12:
-                running[k] = [op, now, 1.0]
-                position[k] += 1
+                running[d] = [op, now, 1.0]
+                position[d] += 1
             elif ready is not None:
                 waits.append(ready - now)
-        for k in [k for k, (op, _, _) in running.items() if float(cost[op.kind][k]) <= 0.0]:
-            op, start, _ = running.pop(k)  # a free op ends where it starts
+        for d in [d for d, (op, _, _) in running.items() if float(cost[op.kind][op.stage]) <= 0.0]:
+            op, start, _ = running.pop(d)  # a free op ends where it starts
             done[op] = now
-            events.append(Event(start, now, op.stage, op.micro_batch, op.kind))
+            events.append(Event(start, now, op.stage, op.micro_batch, op.kind, d))
         if not running:
             if not waits:
-                if any(position[k] < len(orders[k]) for k in range(k_count)):
+                if any(position[d] < len(orders[d]) for d in range(k_count)):
                     raise _deadlock(orders, position)
                 break
             now += min(waits)
             continue
         speed = {
-            k: (alone[k] if len(running) == 1 else 1.0) / float(cost[op.kind][k])
-            for k, (op, _, _) in running.items()
+            d: (alone[d] if len(running) == 1 else 1.0) / float(cost[op.kind][op.stage])
+            for d, (op, _, _) in running.items()
         }
-        step = min([left / speed[k] for k, (_, _, left) in running.items()] + waits)
+        step = min([left / speed[d] for d, (_, _, left) in running.items()] + waits)
         now += step
-        for k in list(running):
-            running[k][2] -= speed[k] * step
-            if running[k][2] <= 1e-9:
-                op, start, _ = running.pop(k)
+        for d in list(running):
+            running[d][2] -= speed[d] * step
+            if running[d][2] <= 1e-9:
+                op, start, _ = running.pop(d)
                 done[op] = now
-                events.append(Event(start, now, op.stage, op.micro_batch, op.kind))
-    return sorted(events, key=lambda e: (e.start, e.stage))
+                events.append(Event(start, now, op.stage, op.micro_batch, op.kind, d))
+    return sorted(events, key=lambda e: (e.start, e.row))
 
 
-def _deadlock(orders: Sequence[Sequence[Op]], position: list[int]) -> ValueError:
+def _deadlock(orders: Sequence[Sequence[Op]], position: list[int]) -> ScheduleError:
     stuck = [order[p] for order, p in zip(orders, position) if p < len(order)]
-    return ValueError(f"the stage orders deadlock: {stuck} each wait for an op that cannot run")
+    return ScheduleError(f"the stage orders deadlock: {stuck} each wait for an op that cannot run")
 
 
-def _ready_time(op: Op, k_count: int, done: dict[Op, float], transfer: float) -> float | None:
-    """When ``op``'s inputs exist, or None if some input is not placed yet."""
+def dependencies(op: Op, num_stages: int, done: dict[Op, float] | set[Op]) -> list[Op]:
+    """The ops ``op`` waits for (one of the gradient kinds, whichever ``done`` holds)."""
     if op.kind == FORWARD:
-        if op.stage == 0:
-            return 0.0
-        dep, hop = Op(op.stage - 1, op.micro_batch, FORWARD), transfer
-    elif op.stage == k_count - 1:
-        dep, hop = Op(op.stage, op.micro_batch, FORWARD), 0.0
-    else:
-        dep, hop = Op(op.stage + 1, op.micro_batch, BACKWARD), transfer
-    return done[dep] + hop if dep in done else None
+        return [] if op.stage == 0 else [Op(op.stage - 1, op.micro_batch, FORWARD)]
+    if op.kind == BACKWARD_WEIGHT:
+        return [Op(op.stage, op.micro_batch, BACKWARD_INPUT)]
+    if op.stage == num_stages - 1:
+        return [Op(op.stage, op.micro_batch, FORWARD)]
+    for kind in GRADIENT_KINDS:
+        dep = Op(op.stage + 1, op.micro_batch, kind)
+        if dep in done:
+            return [dep]
+    return [Op(op.stage + 1, op.micro_batch, BACKWARD)]
 
 
-def events(schedule: str, num_stages: int, num_micro_batches: int, remat: str = "never") -> list[Event]:
-    """The schedule in unit clocks (forward 1, recompute 1, backward 2), every stage alike."""
-    orders = stage_orders(schedule, num_stages, num_micro_batches, remat)
-    return timeline(orders, {kind: [c] * num_stages for kind, c in UNIT_COSTS.items()})
+def _ready_time(
+    op: Op, s_count: int, done: dict[Op, float], transfer: float, device: dict[int, int]
+) -> float | None:
+    """When ``op``'s inputs exist, or None if some input is not placed yet."""
+    ready = 0.0
+    for dep in dependencies(op, s_count, done):
+        if dep not in done:
+            return None
+        hop = transfer if device.get(dep.stage, dep.stage) != device.get(op.stage, op.stage) else 0.0
+        ready = max(ready, done[dep] + hop)
+    return ready
+
+
+def events(
+    schedule: str, num_stages: int, num_micro_batches: int, remat: str = "never", virtual_stages: int = 1
+) -> list[Event]:
+    """The schedule in unit clocks (forward 1, recompute 1, backward 2 = input 1 + weight 1, each
+    divided by ``virtual_stages``: a device's work per micro-batch stays the same)."""
+    sched = build(schedule, num_stages, num_micro_batches, remat, virtual_stages)
+    s_count = sched.num_stages
+    cost = {kind: [c / virtual_stages] * s_count for kind, c in UNIT_COSTS.items()}
+    return timeline(sched.orders, cost)
 
 
 def step_time(evs: Sequence[Event]) -> float:
@@ -227,43 +404,74 @@ def step_time(evs: Sequence[Event]) -> float:
 
 
 def bubble(evs: Sequence[Event]) -> float:
-    """The idle fraction of the step, over all stages: 1 - busy time / (stages x step time)."""
-    stages = {e.stage for e in evs}
+    """The idle fraction of the step, over all devices: 1 - busy time / (devices x step time)."""
+    rows = {e.row for e in evs}
     busy = sum(e.end - e.start for e in evs)
-    return 1.0 - busy / (len(stages) * step_time(evs))
+    return 1.0 - busy / (len(rows) * step_time(evs))
+
+
+def held_over_time(
+    evs: Sequence[Event], weight: Sequence[float] | None = None
+) -> list[list[tuple[float, float]]]:
+    """Per device, (time, level) steps of what it holds: a (stage, micro-batch) is held from its
+    forward's start to the end of its last backward unit (B, or W), weighted by ``weight[stage]``
+    (default 1: a count)."""
+    rows = max(e.row for e in evs) + 1
+    last_backward: dict[tuple[int, int], Event] = {}
+    for e in evs:
+        if e.kind in (BACKWARD, BACKWARD_WEIGHT):
+            key = (e.stage, e.micro_batch)
+            if key not in last_backward or e.end > last_backward[key].end:
+                last_backward[key] = e
+    changes: list[list[tuple[float, float]]] = [[] for _ in range(rows)]
+    for e in evs:
+        if e.kind == FORWARD:
+            w = 1.0 if weight is None else float(weight[e.stage])
+            changes[e.row].append((e.start, w))
+            end = last_backward.get((e.stage, e.micro_batch))
+            if end is not None:
+                changes[e.row].append((end.end, -w))
+    out = []
+    for row in changes:
+        level, steps = 0.0, []
+        for t, delta in sorted(row, key=lambda c: (c[0], c[1])):  # a release before an acquire
+            level += delta
+            steps.append((t, level))
+        out.append(steps)
+    return out
 
 
 def peak_in_flight(evs: Sequence[Event]) -> list[int]:
-    """Per stage, the most micro-batches it holds at once: forward started, backward not finished.
-    (Without remat a stage keeps those micro-batches' activations; with it, their stage inputs.)"""
-    k_count = max(e.stage for e in evs) + 1
-    peaks = []
-    for k in range(k_count):
-        changes = []
-        for e in evs:
-            if e.stage == k and e.kind == FORWARD:
-                changes.append((e.start, 1))
-            elif e.stage == k and e.kind == BACKWARD:
-                changes.append((e.end, -1))
-        level = peak = 0
-        for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # a release before an acquire
-            level += delta
-            peak = max(peak, level)
-        peaks.append(peak)
-    return peaks
+    """Per device, the most (stage, micro-batch) pairs it holds at once: forward started, last
+    backward unit not finished. (Without remat a device keeps their activations; with it, their
+    stage inputs.)"""
+    return [int(round(max([lv for _, lv in steps] + [0.0]))) for steps in held_over_time(evs)]
 
 
-def theoretical_bubble(num_stages: int, num_micro_batches: int) -> float:
-    """(K - 1) / (M + K - 1): the bubble of both schedules when every stage costs the same."""
-    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+def peak_held(evs: Sequence[Event], weight: Sequence[float]) -> list[float]:
+    """Per device, the most ``weight[stage]`` (e.g. activation bytes) it holds at once."""
+    return [max([lv for _, lv in steps] + [0.0]) for steps in held_over_time(evs, weight)]
+
+
+def theoretical_bubble(num_stages: int, num_micro_batches: int, virtual_stages: int = 1) -> float:
+    """(K - 1) / (v M + K - 1): fill-drain's and 1F1B's bubble (v = 1) and interleaved 1F1B's, when
+    every stage costs the same."""
+    return (num_stages - 1) / (virtual_stages * num_micro_batches + num_stages - 1)
+
+
+def zb_h1_bubble_time(
+    num_stages: int, forward: float, backward_input: float, backward_weight: float
+) -> float:
+    """ZB-H1's idle time per device: (K - 1)(T_F + T_B - T_W) (Qi et al., 2023)."""
+    return (num_stages - 1) * (forward + backward_input - backward_weight)
 
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ScheduleError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def _positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        raise ScheduleError(f"{name} must be an int >= 1, got {value!r}")
     return value

@@ -29,6 +29,10 @@ class StageCosts:
     backward: tuple[float, ...]
     recompute: tuple[float, ...]
     transfer: float = 0.0
+    # The backward split in two (zero-bubble schedules): input gradient and weight gradient. Empty:
+    # half the backward each.
+    backward_input: tuple[float, ...] = ()
+    backward_weight: tuple[float, ...] = ()
     # How many times faster a stage works while no other stage is busy (1: each owns its device; more
     # where the stages' devices share cores, as logical CPU devices do).
     alone_speedup: float = 1.0
@@ -37,10 +41,14 @@ class StageCosts:
         k = len(self.forward)
         if k == 0:
             raise ValueError("StageCosts needs at least one stage")
-        for name in ("backward", "recompute"):
+        if not self.backward_input:
+            object.__setattr__(self, "backward_input", tuple(b / 2 for b in self.backward))
+        if not self.backward_weight:
+            object.__setattr__(self, "backward_weight", tuple(b / 2 for b in self.backward))
+        for name in ("backward", "recompute", "backward_input", "backward_weight"):
             if len(getattr(self, name)) != k:
                 raise ValueError(f"StageCosts.{name} has {len(getattr(self, name))} stages, forward {k}")
-        for name in ("forward", "backward", "recompute"):
+        for name in ("forward", "backward", "recompute", "backward_input", "backward_weight"):
             if any(not (c >= 0.0) for c in getattr(self, name)):
                 raise ValueError(f"StageCosts.{name} must be >= 0 seconds, got {getattr(self, name)}")
         if not self.transfer >= 0.0:
@@ -60,14 +68,19 @@ class StageCosts:
         recompute: Sequence[float] | None = None,
         transfer: float = 0.0,
         alone_speedup: float = 1.0,
+        backward_input: Sequence[float] | None = None,
+        backward_weight: Sequence[float] | None = None,
     ) -> StageCosts:
-        """Costs by hand: backward defaults to 2x forward, recompute to the forward."""
+        """Costs by hand: backward defaults to 2x forward, recompute to the forward, the backward's
+        input and weight halves to half the backward."""
         fwd = tuple(float(f) for f in forward)
         bwd = tuple(float(b) for b in backward) if backward is not None else tuple(
             DEFAULT_BACKWARD_RATIO * f for f in fwd
         )  # fmt: skip
         rec = tuple(float(r) for r in recompute) if recompute is not None else fwd
-        return cls(fwd, bwd, rec, float(transfer), float(alone_speedup))
+        b_in = tuple(float(b) for b in backward_input) if backward_input is not None else ()
+        b_w = tuple(float(b) for b in backward_weight) if backward_weight is not None else ()
+        return cls(fwd, bwd, rec, float(transfer), b_in, b_w, float(alone_speedup))
 
     @classmethod
     def from_flops(
@@ -83,6 +96,27 @@ class StageCosts:
         fwd = [f / flops_per_second for f in flops]
         return cls.given(fwd, [backward_ratio * f for f in fwd], fwd, transfer)
 
+    def chunked(self, virtual_stages: int) -> StageCosts:
+        """Each stage cut into ``virtual_stages`` chunks of equal cost (K costs -> K * v, in stage order
+        d, d + K, ...: chunk c of device d is stage c K + d)."""
+        if virtual_stages == 1:
+            return self
+
+        def spread(values: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(
+                values[s % len(values)] / virtual_stages for s in range(len(values) * virtual_stages)
+            )
+
+        return StageCosts(
+            spread(self.forward),
+            spread(self.backward),
+            spread(self.recompute),
+            self.transfer,
+            spread(self.backward_input),
+            spread(self.backward_weight),
+            self.alone_speedup,
+        )
+
     def scaled(self, factor: float) -> StageCosts:
         """The same costs ``factor`` times slower (e.g. a micro-batch ``factor`` times bigger)."""
         return StageCosts(
@@ -90,6 +124,8 @@ class StageCosts:
             tuple(b * factor for b in self.backward),
             tuple(r * factor for r in self.recompute),
             self.transfer * factor,
+            tuple(b * factor for b in self.backward_input),
+            tuple(b * factor for b in self.backward_weight),
             self.alone_speedup,
         )
 
@@ -106,6 +142,7 @@ class Prediction:
     bubble: float
     peak_in_flight: tuple[int, ...]
     events: tuple[schedules.Event, ...]
+    virtual_stages: int = 1
 
     def summary(self) -> dict[str, Any]:
         """The figures, JSON-ready (no events)."""
@@ -116,30 +153,53 @@ class Prediction:
             "remat": self.remat,
             "step_time_s": self.step_time,
             "bubble": self.bubble,
-            "theoretical_bubble": schedules.theoretical_bubble(self.num_stages, self.num_micro_batches),
+            "virtual_stages": self.virtual_stages,
+            # (K - 1) / (v M + K - 1) at equal stage costs; the zero-bubble schedules' depends on the
+            # costs ((K - 1)(T_F + T_B - T_W) idle per device for ZB-H1): None.
+            "theoretical_bubble": None
+            if self.schedule in schedules.SPLIT_BACKWARD
+            else schedules.theoretical_bubble(self.num_stages, self.num_micro_batches, self.virtual_stages),
             "peak_in_flight": list(self.peak_in_flight),
         }
 
 
-def simulate(schedule: str, num_micro_batches: int, remat: str, costs: StageCosts) -> Prediction:
-    """Lays ``schedule`` out over ``costs.num_stages`` stages with ``costs``; see the module doc."""
-    orders = schedules.stage_orders(schedule, costs.num_stages, num_micro_batches, remat)
+def simulate(
+    schedule: str | schedules.Schedule,
+    num_micro_batches: int,
+    remat: str,
+    costs: StageCosts,
+    virtual_stages: int = 1,
+) -> Prediction:
+    """Lays ``schedule`` (a name, or a built Schedule) out with ``costs``, one entry per stage: with
+    virtual stages, K * v entries over ``costs.num_stages // virtual_stages`` devices."""
+    if isinstance(schedule, schedules.Schedule):
+        sched = schedule
+    else:
+        if costs.num_stages % virtual_stages:
+            raise ValueError(
+                f"{costs.num_stages} stage costs cannot be spread over virtual_stages={virtual_stages}"
+            )
+        devices = costs.num_stages // virtual_stages
+        sched = schedules.build(schedule, devices, num_micro_batches, remat, virtual_stages)
     cost = {
         schedules.FORWARD: costs.forward,
         schedules.BACKWARD: costs.backward,
         schedules.RECOMPUTE: costs.recompute,
+        schedules.BACKWARD_INPUT: costs.backward_input,
+        schedules.BACKWARD_WEIGHT: costs.backward_weight,
     }
-    alone = [costs.alone_speedup] * costs.num_stages
-    evs = schedules.timeline(orders, cost, costs.transfer, alone)
+    alone = [costs.alone_speedup] * sched.num_devices
+    evs = schedules.timeline(sched.orders, cost, costs.transfer, alone)
     return Prediction(
-        schedule=schedule,
-        num_stages=costs.num_stages,
-        num_micro_batches=num_micro_batches,
+        schedule=sched.name,
+        num_stages=sched.num_devices,
+        num_micro_batches=sched.num_micro_batches,
         remat=remat,
         step_time=schedules.step_time(evs),
         bubble=schedules.bubble(evs),
         peak_in_flight=tuple(schedules.peak_in_flight(evs)),
         events=tuple(evs),
+        virtual_stages=sched.virtual_stages,
     )
 
 

@@ -4,12 +4,16 @@
     .venv/bin/python -m tools.pipeline_sim --num_stages=2 --num_micro_batches=8 \\
         --forward_ms=3.1,2.4 --backward_ms=6.0,4.9 --remat=always --png=/tmp/k2
 
-Prints one JSON line per schedule (fill_drain, one_f_one_b, or the one named by --schedule). Stage
-costs are one micro-batch's time on each stage: give one value for every stage alike or one per
-stage; the backward defaults to twice the forward and the recompute to the forward. The model: each
+Prints one JSON line per schedule (every one in layers/pipeline_schedule.py, interleaved_1f1b only
+when M is a multiple of K; or those named by --schedule, comma-separated). Stage costs are one
+micro-batch's time on each stage: give one value for every stage alike or one per stage; the
+backward defaults to twice the forward, the recompute to the forward, and the zero-bubble
+schedules' input and weight halves of the backward to half the backward each. Interleaving cuts
+each stage into --virtual_stages chunks of equal cost. The model: each
 stage owns its device and runs one op at a time (unless --alone_speedup says a lone stage runs
 faster); --transfer_ms is added to every hand-off between stages. With --png=PREFIX it also writes
-PREFIX_<schedule>.png, one row per stage.
+PREFIX_<schedule>.png, one row per stage, and with --trace=PREFIX PREFIX_<schedule>.trace.json,
+the simulated step as Chrome/Perfetto trace events.
 """
 
 from __future__ import annotations
@@ -30,11 +34,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num_stages", type=int, required=True, help="K, the number of stages")
     p.add_argument("--num_micro_batches", type=int, required=True, help="M, micro-batches per step")
-    p.add_argument("--schedule", choices=[*schedules.SCHEDULES, "both"], default="both")
+    p.add_argument(
+        "--schedule",
+        default="all",
+        help=f"all, or some of {', '.join(schedules.SCHEDULES)} (comma-separated)",
+    )
+    p.add_argument("--virtual_stages", type=int, default=2, help="v, chunks per device for interleaved_1f1b")
     p.add_argument("--remat", choices=schedules.REMAT_POLICIES, default="never")
     p.add_argument("--forward_ms", required=True, help="forward time of one micro-batch: one value or K")
     p.add_argument("--backward_ms", default=None, help="backward time: one value or K (default 2x forward)")
     p.add_argument("--recompute_ms", default=None, help="recompute time: one value or K (default forward)")
+    p.add_argument(
+        "--backward_input_ms", default=None, help="zero bubble: input-gradient time (default half B)"
+    )
+    p.add_argument(
+        "--backward_weight_ms", default=None, help="zero bubble: weight-gradient time (default half B)"
+    )
     p.add_argument("--transfer_ms", type=float, default=0.0, help="time of each hand-off between stages")
     p.add_argument(
         "--alone_speedup",
@@ -44,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "device; more where stages share cores, e.g. logical CPU devices: tools.benchmark gpipe measures it)",
     )
     p.add_argument("--png", default=None, help="write PREFIX_<schedule>.png for each simulated schedule")
+    p.add_argument("--trace", default=None, help="write PREFIX_<schedule>.trace.json for each schedule")
     return p
 
 
@@ -61,6 +77,16 @@ def _per_stage(flag: str, text: str | None, k: int) -> list[float] | None:
     return values
 
 
+def _schedule_names(text: str, k: int, m: int) -> list[str]:
+    if text == "all":
+        return [s for s in schedules.SCHEDULES if s != "interleaved_1f1b" or m % k == 0]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for n in names:
+        if n not in schedules.SCHEDULES:
+            raise ValueError(f"--schedule={n!r}: expected all or some of {', '.join(schedules.SCHEDULES)}")
+    return names
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv[1:])
     k = args.num_stages
@@ -73,14 +99,31 @@ def main(argv: list[str]) -> int:
             _per_stage("recompute_ms", args.recompute_ms, k),
             args.transfer_ms / 1e3,
             args.alone_speedup,
+            _per_stage("backward_input_ms", args.backward_input_ms, k),
+            _per_stage("backward_weight_ms", args.backward_weight_ms, k),
         )
+        names = _schedule_names(args.schedule, k, args.num_micro_batches)
+        if args.virtual_stages < 1:
+            raise ValueError("--virtual_stages must be >= 1")
     except ValueError as e:
         print(f"pipeline_sim: error: {e}", file=sys.stderr)
         return 2
-    names = schedules.SCHEDULES if args.schedule == "both" else (args.schedule,)
     for name in names:
-        prediction = simulator.simulate(name, args.num_micro_batches, args.remat, costs)
+        v = args.virtual_stages if name == "interleaved_1f1b" else 1
+        try:
+            prediction = simulator.simulate(name, args.num_micro_batches, args.remat, costs.chunked(v), v)
+        except schedules.ScheduleError as e:
+            print(f"pipeline_sim: error: {e}", file=sys.stderr)
+            return 2
         line = prediction.summary()
+        if args.trace:
+            from trainer import pipeline_trace
+
+            path = f"{args.trace}_{name}.trace.json"
+            pipeline_trace.write(
+                path, pipeline_trace.trace_events(prediction.events, k, f"{name} (simulated)")
+            )
+            line["trace"] = path
         if args.png:
             from trainer import pipeline_picture
 

@@ -20,6 +20,8 @@ COLORS = {
     schedules.FORWARD: (66, 133, 244),
     schedules.RECOMPUTE: (251, 140, 0),
     schedules.BACKWARD: (52, 168, 83),
+    schedules.BACKWARD_INPUT: (0, 137, 123),
+    schedules.BACKWARD_WEIGHT: (171, 71, 188),
 }
 _ROW, _GAP, _LEFT, _RIGHT, _TOP, _AXIS = 34, 8, 150, 24, 44, 54
 
@@ -32,11 +34,13 @@ def draw_png(
 ) -> bytes:
     """The timeline of ``events`` (start/end in seconds) as PNG bytes.
 
-    ``row_labels`` names each stage's row (e.g. its device); by default ``stage k``.
+    ``row_labels`` names each device's row; by default ``stage k`` (one stage per device). Each box
+    shows its micro-batch (and, with virtual stages, ``m/s`` with its stage).
     """
     if not events:
         raise ValueError("no events to draw")
-    k_count = max(e.stage for e in events) + 1
+    k_count = max(e.row for e in events) + 1
+    interleaved = any(e.stage != e.row for e in events)
     labels = list(row_labels) if row_labels is not None else [f"stage {k}" for k in range(k_count)]
     if len(labels) != k_count:
         raise ValueError(f"{len(labels)} row labels for {k_count} stages")
@@ -57,10 +61,10 @@ def draw_png(
         pen.rectangle([_LEFT, y, _LEFT + plot, y + _ROW], fill=(245, 245, 245))
         pen.text((8, y + _ROW // 2 - 7), label[:22], fill="black", font=small)
     for e in events:
-        y = _TOP + e.stage * (_ROW + _GAP)
+        y = _TOP + e.row * (_ROW + _GAP)
         x0, x1 = x_of(e.start), max(x_of(e.end), x_of(e.start) + 1)
         pen.rectangle([x0, y + 2, x1, y + _ROW - 2], fill=COLORS[e.kind], outline="white")
-        text = str(e.micro_batch)
+        text = f"{e.micro_batch}/{e.stage}" if interleaved else str(e.micro_batch)
         if x1 - x0 >= 8 * len(text) + 2:
             pen.text(((x0 + x1) / 2, y + _ROW / 2), text, fill="white", font=small, anchor="mm")
     _axis(pen, small, t0, span, plot, _TOP + k_count * (_ROW + _GAP))
@@ -89,7 +93,7 @@ def _legend(pen: ImageDraw.ImageDraw, font: ImageFont.ImageFont, width: int, hei
     for kind, color in COLORS.items():
         pen.rectangle([x, height - 16, x + 12, height - 4], fill=color)
         pen.text((x + 16, height - 17), kind, fill="black", font=font)
-        x += 110
+        x += 130
 
 
 def _tick_step(span_ms: float) -> float:

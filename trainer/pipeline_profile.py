@@ -11,11 +11,16 @@ kind) becomes one box from its first op's start to its last op's end. Writes, un
 - ``pipeline_step_simulated.png``: the simulator's step from the measured per-op costs (each stage's
   median forward, recompute and backward time), drawn the same way, to put side by side;
 - ``pipeline_step.json``: both steps' figures and the measured events;
+- ``pipeline_step.trace.json`` and ``pipeline_step_simulated.trace.json``: both steps as Chrome/
+  Perfetto trace events (``trainer.pipeline_trace``: a row per device, flow arrows for the hand-offs,
+  a counter of micro-batches held), to open in ui.perfetto.dev side by side;
 - an image summary of both under ``<logdir>/pipeline/``, which TensorBoard shows in its Images tab.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import statistics
 import tempfile
@@ -32,7 +37,7 @@ from layers.base_layer import layers_of_type
 from layers.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
-from trainer import cluster, files, pipeline_picture
+from trainer import cluster, files, pipeline_picture, pipeline_trace
 from trainer.train_step import TrainStep
 
 _SCOPE = re.compile(r"(?:^|/)stage_(\d+)_micro_batch_(\d+)(_grad)?(/recompute)?(?:/|$)")
@@ -131,6 +136,8 @@ def measured_costs(evs: list[schedules.Event], num_stages: int) -> simulator.Sta
         durations = [e.end - e.start for e in evs if e.stage == k and e.kind == kind]
         return statistics.median(durations) if durations else 0.0
 
+    # The input and weight halves of a split backward share their ops' names (the tape names them
+    # after the forward ops): their sum is measured as the backward, each half taken as half of it.
     per_kind = {kind: [median(kind, k) for k in range(num_stages)] for kind in schedules.KINDS}
     return simulator.StageCosts.given(
         per_kind[schedules.FORWARD], per_kind[schedules.BACKWARD], per_kind[schedules.RECOMPUTE]
@@ -153,11 +160,14 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
     evs = pipeline_events(op_events(lambda: tf.nest.map_structure(lambda t: t.numpy(), compiled())))
     if not evs:
         raise ConfigError(f"the profile of {root.model}'s step holds no pipeline ops")
-    k_count = pipeline.num_stages
+    k_count, s_count = pipeline.num_devices, pipeline.num_stages
+    evs = [dataclasses.replace(e, device=e.stage % k_count) for e in evs]
     m_count = 1 + max(e.micro_batch for e in evs)
-    labels = [f"stage {k}: {d or 'default device'}" for k, d in enumerate(pipeline.devices)]
+    labels = [f"device {k}: {d or 'default device'}" for k, d in enumerate(pipeline.devices)]
     remat, schedule = pipeline.params.remat, pipeline.params.schedule
-    prediction = simulator.simulate(schedule, m_count, remat, measured_costs(evs, k_count))
+    prediction = simulator.simulate(
+        pipeline.schedule_for(m_count), m_count, remat, measured_costs(evs, s_count)
+    )
     measured = {
         "step_time_s": schedules.step_time(evs),
         "bubble": schedules.bubble(evs),
@@ -174,9 +184,20 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
     for name, png in pngs.items():
         with tf.io.gfile.GFile(files.join(logdir, name), "wb") as f:
             f.write(png)
+    traces = {
+        "pipeline_step.trace.json": pipeline_trace.trace_events(
+            evs, s_count, f"{title} (measured)", None, labels
+        ),
+        "pipeline_step_simulated.trace.json": pipeline_trace.trace_events(
+            prediction.events, s_count, f"{title} (simulated)", None, labels
+        ),
+    }
+    for name, trace in traces.items():
+        files.write_text_atomic(files.join(logdir, name), json.dumps(trace) + "\n")
     record = {
         "model": root.model,
         "num_stages": k_count,
+        "virtual_stages": pipeline.params.virtual_stages,
         "num_micro_batches": m_count,
         "remat": remat,
         "schedule": schedule,

@@ -15,7 +15,10 @@ TOL = 1e-5
 # Batch norm over micro-batches of 2 examples divides by tiny variances, which amplifies float32
 # rounding (a different summation order) over 10 steps to a few 1e-5 (2.4e-4 on one weight at K=4, M=4,
 # remat always); the first steps agree to 1e-6.
-BN_TOL = 5e-4
+# The in-step schedules (1F1B, interleaved, zero bubble) scale the summed gradients by the loss constant
+# once at the end, one more rounding: their first-step gradients agree to 1e-6, but the same
+# amplification takes the losses to 5.2e-4 and one weight to 2.2e-3 after 10 steps (K=2, M=4, remat always).
+BN_TOL = 5e-3
 
 
 def mlp(dropout: bool = True, depth: int = 4, batch_norm: bool = False) -> list[InstantiableParams]:

@@ -8,7 +8,7 @@ import pytest
 
 from layers import pipeline_schedule as ps
 
-GRID = list(itertools.product(ps.SCHEDULES, ps.REMAT_POLICIES, (1, 2, 3, 4, 8), (1, 2, 4, 8, 16)))
+GRID = list(itertools.product(ps.CLASSIC, ps.REMAT_POLICIES, (1, 2, 3, 4, 8), (1, 2, 4, 8, 16)))
 
 
 @pytest.mark.parametrize("schedule,remat,k,m", GRID)
@@ -45,7 +45,7 @@ def test_bubble_is_the_closed_form_when_stages_cost_the_same(schedule, remat, k,
 
 
 @pytest.mark.parametrize(
-    "schedule,k,m", [(s, k, m) for s in ps.SCHEDULES for k in (1, 2, 4) for m in (2, 4, 8)]
+    "schedule,k,m", [(s, k, m) for s in ps.CLASSIC for k in (1, 2, 4) for m in (2, 4, 8)]
 )
 def test_except_last_lies_between_never_and_always(schedule, k, m):
     times = [ps.step_time(ps.events(schedule, k, m, r)) for r in ("never", "except_last", "always")]
@@ -99,7 +99,7 @@ def test_a_deadlocked_order_is_an_error():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: ps.stage_orders("interleaved", 2, 2), "schedule must be one of"),
+        (lambda: ps.stage_orders("zigzag", 2, 2), "schedule must be one of"),
         (lambda: ps.stage_orders("fill_drain", 0, 2), "num_stages must be an int >= 1"),
         (lambda: ps.stage_orders("fill_drain", 2, True), "num_micro_batches"),
         (lambda: ps.remat_micro_batches("sometimes", 2), "remat must be one of"),
@@ -115,7 +115,7 @@ def test_bad_arguments_are_one_line_errors(call, match):
 CASES = [(2, 4, "never"), (3, 5, "always"), (4, 8, "except_last"), (1, 3, "never")]
 
 
-@pytest.mark.parametrize("schedule", ps.SCHEDULES)
+@pytest.mark.parametrize("schedule", ps.CLASSIC)
 @pytest.mark.parametrize("k, m, remat", CASES)
 def test_shared_timeline_without_a_lone_speedup_is_the_plain_timeline(schedule, k, m, remat):
     """The event loop (taken for any speedup other than 1) gives the closed timeline's events."""
@@ -129,7 +129,7 @@ def test_shared_timeline_without_a_lone_speedup_is_the_plain_timeline(schedule, 
         assert a.start == pytest.approx(b.start) and a.end == pytest.approx(b.end)
 
 
-@pytest.mark.parametrize("schedule", ps.SCHEDULES)
+@pytest.mark.parametrize("schedule", ps.CLASSIC)
 def test_a_lone_stage_runs_faster(schedule):
     """K=2, M=4, forward 1, backward 2, 1.5x alone: stage 0's first forward, stage 1's last forward
     and first backward, and stage 0's last backward run alone (2/3 of their time); the rest in pairs:
@@ -140,3 +140,103 @@ def test_a_lone_stage_runs_faster(schedule):
     assert ps.step_time(evs) == pytest.approx(13.0)
     with pytest.raises(ValueError, match="alone_speedup needs a factor >= 1 per stage"):
         ps.timeline(orders, cost, alone_speedup=[0.5, 1.0])
+
+
+# ---------------------------------------------------------------- interleaved and zero-bubble schedules
+NEW = [
+    (s, k, m, v, r)
+    for s, v in [
+        ("interleaved_1f1b", 1),
+        ("interleaved_1f1b", 2),
+        ("interleaved_1f1b", 3),
+        ("zb_h1", 1),
+        ("zb_h2", 1),
+    ]
+    for k in (1, 2, 3, 4)
+    for m in (1, 2, 3, 4, 6, 8, 12)
+    for r in ("never", "always")
+    if not (s == "interleaved_1f1b" and v > 1 and m % k)
+]
+
+
+@pytest.mark.parametrize("schedule,k,m,v,remat", NEW)
+def test_every_unit_runs_once_after_its_inputs(schedule, k, m, v, remat):
+    sched = ps.build(schedule, k, m, remat, v)
+    evs = ps.timeline(sched.orders, {kind: [1.0] * (k * v) for kind in ps.ALL_KINDS}, transfer=0.1)
+    ops = [e.op for e in evs]
+    assert len(ops) == len(set(ops))
+    split = schedule in ps.SPLIT_BACKWARD
+    kinds = (ps.FORWARD, ps.BACKWARD_INPUT, ps.BACKWARD_WEIGHT) if split else (ps.FORWARD, ps.BACKWARD)
+    want = {ps.Op(s, b, kind) for s in range(k * v) for b in range(m) for kind in kinds}
+    want |= {ps.Op(s, b, ps.RECOMPUTE) for s in range(k * v) for b in range(m) if remat == "always"}
+    assert set(ops) == want
+    start = {e.op: e.start for e in evs}
+    end = {e.op: e.end for e in evs}
+    grad = ps.BACKWARD_INPUT if split else ps.BACKWARD
+    for s, b in itertools.product(range(k * v), range(m)):
+        if s:
+            assert start[ps.Op(s, b, ps.FORWARD)] >= end[ps.Op(s - 1, b, ps.FORWARD)]
+        source = ps.Op(s + 1, b, grad) if s < k * v - 1 else ps.Op(s, b, ps.FORWARD)
+        assert start[ps.Op(s, b, grad)] >= end[source]
+        if split:
+            assert start[ps.Op(s, b, ps.BACKWARD_WEIGHT)] >= end[ps.Op(s, b, grad)]
+    for e in evs:
+        assert e.row == sched.device_of(e.stage)
+
+
+@pytest.mark.parametrize(
+    "k,m,v",
+    [(k, m, v) for k in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16) for v in (1, 2, 3, 4) if v == 1 or m % k == 0],
+)
+def test_interleaved_bubble_is_k_minus_1_over_v_m_plus_k_minus_1(k, m, v):
+    evs = ps.events("interleaved_1f1b", k, m, "never", v)
+    assert ps.bubble(evs) == pytest.approx(ps.theoretical_bubble(k, m, v), abs=1e-9)
+
+
+@pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 16) if m >= k])
+@pytest.mark.parametrize("w", [1.0, 0.5, 0.25])
+def test_zb_h1_bubble_is_the_closed_form_at_one_f_one_b_memory(k, m, w):
+    """(K - 1)(T_F + T_B - T_W) idle per device (T_B: the input half; M >= K, as the paper assumes),
+    and no device holds more than
+    1F1B's peak (K micro-batches, on its first device)."""
+    cost = {ps.FORWARD: [1.0] * k, ps.BACKWARD_INPUT: [1.0] * k, ps.BACKWARD_WEIGHT: [w] * k}
+    cost |= {ps.BACKWARD: [1.0 + w] * k, ps.RECOMPUTE: [1.0] * k}
+    evs = ps.timeline(ps.build("zb_h1", k, m).orders, cost)
+    assert ps.step_time(evs) == pytest.approx(m * (2.0 + w) + ps.zb_h1_bubble_time(k, 1.0, 1.0, w), abs=1e-9)
+    one_f_one_b = ps.peak_in_flight(ps.events("one_f_one_b", k, m))
+    assert max(ps.peak_in_flight(evs)) <= max(one_f_one_b)
+    h2 = ps.timeline(ps.build("zb_h2", k, m).orders, cost)
+    assert ps.step_time(h2) <= ps.step_time(evs) + 1e-9
+
+
+def test_bubbles_at_k4_m8_with_equal_unit_costs():
+    """The issue's figures: 1F1B 27%, interleaved v=2 16%, ZB-H1 11%."""
+    assert ps.bubble(ps.events("one_f_one_b", 4, 8)) == pytest.approx(3 / 11)
+    assert ps.bubble(ps.events("interleaved_1f1b", 4, 8, virtual_stages=2)) == pytest.approx(3 / 19)
+    assert ps.bubble(ps.events("zb_h1", 4, 8)) == pytest.approx(3 / 27)
+    assert ps.peak_in_flight(ps.events("zb_h2", 4, 8)) == [7, 7, 7, 7]
+
+
+@pytest.mark.parametrize(
+    "schedule,k,m,v,match",
+    [
+        (
+            "interleaved_1f1b",
+            4,
+            6,
+            2,
+            r"num_micro_batches \(6\) to be a multiple of num_stages \(4\); use num_micro_batches=8",
+        ),
+        ("one_f_one_b", 2, 4, 2, r"virtual_stages=2 needs schedule='interleaved_1f1b'"),
+        ("zb_h1", 2, 4, 0, r"virtual_stages must be an int >= 1"),
+    ],
+)
+def test_impossible_combinations_are_one_line_errors(schedule, k, m, v, match):
+    with pytest.raises(ps.ScheduleError, match=match):
+        ps.build(schedule, k, m, virtual_stages=v)
+
+
+def test_interleaved_device_holds_stages_d_d_plus_k():
+    sched = ps.build("interleaved_1f1b", 2, 4, virtual_stages=2)
+    assert [sorted({op.stage for op in order}) for order in sched.orders] == [[0, 2], [1, 3]]
+    assert [op.micro_batch for op in sched.stage_order(2) if op.kind == ps.FORWARD] == [0, 1, 2, 3]

@@ -10,7 +10,7 @@ from layers import pipeline_simulator as sim
 
 def test_uniform_stages_match_the_closed_form_step_time():
     costs = sim.StageCosts.given([0.002] * 4, [0.004] * 4, [0.002] * 4)
-    for schedule in ps.SCHEDULES:
+    for schedule in ps.CLASSIC:
         p = sim.simulate(schedule, 8, "never", costs)
         assert p.step_time == pytest.approx((8 + 4 - 1) * 0.006)
         assert p.bubble == pytest.approx(ps.theoretical_bubble(4, 8))
@@ -69,3 +69,19 @@ def test_bad_costs_are_errors(make, match):
 
 def test_relative_error():
     assert sim.relative_error(1.1, 1.0) == pytest.approx(0.1)
+
+
+def test_every_schedule_from_one_set_of_costs():
+    """Equal unit costs (F 2 ms, B 4 ms = I 2 + W 2): the closed forms, interleaving's chunks included."""
+    costs = sim.StageCosts.given([0.002] * 4, [0.004] * 4)
+    want = {
+        "fill_drain": ps.theoretical_bubble(4, 8),
+        "one_f_one_b": ps.theoretical_bubble(4, 8),
+        "zb_h1": 3 / 27,
+    }
+    for name, bubble in want.items():
+        assert sim.simulate(name, 8, "never", costs).bubble == pytest.approx(bubble, abs=1e-9)
+    p = sim.simulate("interleaved_1f1b", 8, "never", costs.chunked(2), virtual_stages=2)
+    assert p.bubble == pytest.approx(ps.theoretical_bubble(4, 8, 2), abs=1e-9)
+    assert p.summary()["virtual_stages"] == 2
+    assert p.step_time < sim.simulate("one_f_one_b", 8, "never", costs).step_time

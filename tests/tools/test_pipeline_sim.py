@@ -28,7 +28,8 @@ def test_prints_both_schedules_and_writes_pngs(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
-    assert [line["schedule"] for line in lines] == ["fill_drain", "one_f_one_b"]
+    names = ["fill_drain", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_h2"]
+    assert [line["schedule"] for line in lines] == names
     assert lines[0]["peak_in_flight"] == [32] * 8
     assert lines[1]["peak_in_flight"] == [8, 7, 6, 5, 4, 3, 2, 1]
     assert lines[0]["step_time_s"] == lines[1]["step_time_s"]
@@ -45,3 +46,31 @@ def test_bad_costs_exit_2_with_one_line():
     out = _run("--num_stages=2", "--num_micro_batches=8", "--forward_ms=fast")
     assert out.returncode == 2
     assert "expected numbers" in out.stderr
+
+
+def test_a_schedule_list_and_an_impossible_interleaving(tmp_path):
+    out = _run("--num_stages=4", "--num_micro_batches=6", "--forward_ms=1", "--schedule=zb_h1,one_f_one_b")
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(x)["schedule"] for x in out.stdout.splitlines()] == ["zb_h1", "one_f_one_b"]
+    out = _run("--num_stages=4", "--num_micro_batches=6", "--forward_ms=1", "--schedule=interleaved_1f1b")
+    assert out.returncode == 2
+    assert "multiple of num_stages (4)" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_trace_has_every_unit_each_hand_off_and_the_held_counter(tmp_path):
+    out = _run(
+        "--num_stages=2",
+        "--num_micro_batches=4",
+        "--forward_ms=1",
+        "--schedule=zb_h1",
+        f"--trace={tmp_path}/t",
+    )
+    assert out.returncode == 0, out.stderr
+    trace = json.loads(Path(json.loads(out.stdout)["trace"]).read_text())["traceEvents"]
+    units = [e for e in trace if e["ph"] == "X"]
+    assert len(units) == 3 * 2 * 4  # F, I and W of each micro-batch on each device
+    assert {e["tid"] for e in units} == {0, 1}
+    # Each micro-batch's activation forward and gradient backward between the two devices.
+    assert sum(e["ph"] == "s" for e in trace) == sum(e["ph"] == "f" for e in trace) == 2 * 4
+    held = [e["args"]["micro-batches held"] for e in trace if e["ph"] == "C" and e["tid"] == 0]
+    assert max(held) == 2 and held[-1] == 0
