@@ -71,6 +71,16 @@ class BaseInput:
     def params(self) -> Params:
         return self._params
 
+    def files_to_keep(self) -> list[str]:
+        """Files the run needs that its checkpoints do not hold; the trainer copies them into the logdir
+        beside params.txt (``tools.export`` uses the copy when the original has moved). Default: the
+        model file of a ``vocab`` whose type is sentencepiece."""
+        p = self.params
+        vocab = p.get("vocab") if "vocab" in p else None
+        if isinstance(vocab, Params) and "type" in vocab and vocab.type == "sentencepiece" and vocab.file:
+            return [vocab.file]
+        return []
+
     def examples(self) -> tf.data.Dataset:
         """One example (a dict of tensors) per element, in a deterministic order (by default the rows
         of ``in_memory()``)."""

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
+from tasks import packing
 from tasks.base_input import BaseInput
 from tasks.lm import markov, vocabulary
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, Vocabulary
@@ -117,3 +118,132 @@ class TextLmInput(BaseInput):
 
     def examples(self) -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices(self.arrays())
+
+
+BATCHINGS = ("pack", "bucket", "pad")
+FILE_FORMATS = ("text", "tfrecord")
+
+
+class CorpusLmInput(BaseInput):
+    """A corpus of many files for a LM: text lines or TFRecord shards (``python -m tools.make_shards``),
+    tokenized in the graph by a SentencePiece model, then packed, bucketed or padded.
+
+    Files (``file_pattern``: globs separated by commas, any tf.io.gfile path) are read in parallel,
+    ``num_parallel_reads`` at a time, interleaved in a fixed order; lines are shuffled in a buffer of
+    ``shuffle_buffer_size`` (with ``shuffle_seed``), tokenized, and each becomes one sequence: ids =
+    BOS + pieces, labels = pieces + EOS (cut to ``seq_length``). ``batching``: ``pack`` (several
+    sequences per row with ``segment_ids`` and ``segment_pos``, see ``tasks.packing``), ``bucket``
+    (rows of similar length, padded to their batch's longest; one process only) or ``pad`` (one
+    sequence per row of ``seq_length``). Every stage is a native tf.data op: the iterator's position is
+    saved in checkpoints. Sync workers share rows by ``BaseInput.shard`` (pack and pad).
+    """
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define("file_pattern", "", "Text files or TFRecord shards: globs separated by commas.")
+        p.define("file_format", "text", "text (one sentence per line) or tfrecord (tf.train.Examples).")
+        p.define("text_feature", "text", "tfrecord: the bytes feature holding the sentence.")
+        p.define("num_parallel_reads", 4, "Files read at once (interleaved in a fixed order).")
+        p.define("vocab", vocabulary.vocab_params(type="sentencepiece"), "A sentencepiece vocabulary.")
+        p.define("seq_length", 128, "Positions per row (longer sentences are cut).")
+        p.define("batching", "pack", "pack, bucket or pad (see the class doc).")
+        p.define("open_rows", 8, "pack: rows being filled at once (first fit).")
+        p.define("bucket_boundaries", [16, 32, 64], "bucket: sequence lengths where buckets split.")
+        return p
+
+    def __init__(self, params: InstantiableParams) -> None:
+        super().__init__(params)
+        p = self.params
+        for name in ("seq_length", "num_parallel_reads", "open_rows"):
+            _check_positive(p, name)
+        if p.batching not in BATCHINGS:
+            raise ConfigError(
+                f"input {p.name!r}: batching must be one of {', '.join(BATCHINGS)}, got {p.batching!r}"
+            )
+        if p.file_format not in FILE_FORMATS:
+            raise ConfigError(
+                f"input {p.name!r}: file_format must be one of {', '.join(FILE_FORMATS)}, "
+                f"got {p.file_format!r}"
+            )
+        if p.vocab.type != "sentencepiece":
+            raise ConfigError(f"input {p.name!r}: CorpusLmInput needs vocab.type = 'sentencepiece'")
+
+    def shard(self, index: int, count: int) -> None:
+        if self.params.batching == "bucket" and count > 1:
+            raise ConfigError(f"input {self.params.name!r}: batching 'bucket' cannot be sharded (use pack)")
+        super().shard(index, count)
+
+    def lines(self) -> tf.data.Dataset:
+        """The sentences of every file, interleaved in a fixed order."""
+        from tasks.readers import list_files
+
+        p = self.params
+        files = list_files(p.file_pattern, f"input {p.name!r}: file_pattern")
+        if p.file_format == "text":
+            read = tf.data.TextLineDataset
+        else:
+            feature = {p.text_feature: tf.io.FixedLenFeature([], tf.string)}
+
+            def read(path):
+                records = tf.data.TFRecordDataset(path)
+                return records.map(lambda r: tf.io.parse_single_example(r, feature)[p.text_feature])
+
+        names = tf.data.Dataset.from_tensor_slices(files)
+        cycle = min(len(files), p.num_parallel_reads)
+        lines = names.interleave(read, cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
+        return lines.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+
+    def sequences(self) -> tf.data.Dataset:
+        """One ``{ids, labels}`` of variable length per sentence (after the line shuffle)."""
+        import tensorflow_text as tf_text
+
+        from tasks.lm.sentencepiece_vocab import read_model
+
+        p = self.params
+        vocab = Vocabulary.from_params(p.vocab)  # checks the model and its size
+        del vocab
+        tokenizer = tf_text.SentencepieceTokenizer(model=read_model(p.vocab.file), out_type=tf.int32)
+        lines = self.lines()
+        if p.shuffle_seed is not None:
+            lines = lines.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
+        # Sequential: the tokenizer holds a resource, and with op determinism on (cluster.configure)
+        # tf.data would rewrite a parallel map of it into this anyway (warning about it on stderr).
+        pieces = lines.batch(256).map(tokenizer.tokenize).unbatch()
+        cut = p.seq_length - 1
+        return pieces.map(
+            lambda t: {
+                "ids": tf.concat([[BOS_ID], t[:cut]], 0),
+                "labels": tf.concat([t[:cut], [EOS_ID]], 0),
+            }
+        )
+
+    def examples(self) -> tf.data.Dataset:
+        p = self.params
+        seqs = self.sequences()
+        if p.batching == "pack":
+            return packing.pack(seqs, ("ids", "labels"), p.seq_length, p.open_rows)
+        if p.batching == "bucket":
+            return seqs.map(lambda ex: {**ex, "paddings": tf.zeros_like(ex["ids"], tf.float32)})
+        return seqs.map(lambda ex: _pad_to(ex, p.seq_length))
+
+    def dataset(self, by_row: bool = True) -> tf.data.Dataset:
+        p = self.params
+        if p.batching != "bucket":
+            return super().dataset(by_row)
+        ds = self.examples()
+        if p.num_samples:
+            ds = ds.take(p.num_samples)
+        if p.repeat:
+            ds = ds.repeat()
+        ds = packing.bucket(ds, "ids", list(p.bucket_boundaries), p.batch_size)
+        # bucket_by_sequence_length pads paddings with 0.0: mark the padded positions as padding.
+        ds = ds.map(lambda b: {**b, "paddings": tf.cast(tf.equal(b["ids"], PAD_ID), tf.float32)})
+        return ds.prefetch(2)
+
+
+def _pad_to(example: dict[str, tf.Tensor], length: int) -> dict[str, tf.Tensor]:
+    n = tf.shape(example["ids"])[0]
+    out = {k: tf.ensure_shape(tf.pad(v, [[0, length - n]]), [length]) for k, v in example.items()}
+    out["paddings"] = tf.cast(tf.range(length) >= n, tf.float32)
+    return out
