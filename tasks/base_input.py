@@ -120,15 +120,18 @@ class BaseInput:
             ds = ds.repeat()
         if count > 1:
             ds = ds.shard(count, index)
-        batch_size = p.batch_size // count
-        if _has_unknown_dims(ds.element_spec):
-            ds = ds.padded_batch(batch_size, drop_remainder=p.drop_remainder)
-        else:
-            ds = ds.batch(batch_size, drop_remainder=p.drop_remainder)
+        ds = self.batch(ds, p.batch_size // count)
         if arrays:
             tensors = {name: tf.constant(value) for name, value in arrays.items()}
             ds = ds.map(lambda rows: {name: tf.gather(t, rows) for name, t in tensors.items()})
         return ds.prefetch(2)
+
+    def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+        """Examples -> batches of ``batch_size`` (this worker's share): padded to the longest in the
+        batch where a dimension's size is unknown. A subclass may batch otherwise (by length buckets)."""
+        if _has_unknown_dims(ds.element_spec):
+            return ds.padded_batch(batch_size, drop_remainder=self.params.drop_remainder)
+        return ds.batch(batch_size, drop_remainder=self.params.drop_remainder)
 
 
 def _has_unknown_dims(element_spec: object) -> bool:

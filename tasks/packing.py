@@ -84,7 +84,9 @@ def pack(ds: tf.data.Dataset, keys: tuple[str, ...], length: int, open_rows: int
     return marked.scan(initial, step).flat_map(to_rows)
 
 
-def bucket(ds: tf.data.Dataset, key: str, boundaries: list[int], batch_size: int) -> tf.data.Dataset:
+def bucket(
+    ds: tf.data.Dataset, key: str, boundaries: list[int], batch_size: int, drop_remainder: bool = False
+) -> tf.data.Dataset:
     """Batches of examples of similar ``len(example[key])`` (padded to the longest of their bucket's
     batch): ``tf.data``'s bucket_by_sequence_length, one batch size for every bucket."""
     return ds.bucket_by_sequence_length(
@@ -92,6 +94,7 @@ def bucket(ds: tf.data.Dataset, key: str, boundaries: list[int], batch_size: int
         bucket_boundaries=list(boundaries),
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
         pad_to_bucket_boundary=False,
+        drop_remainder=drop_remainder,
     )
 
 

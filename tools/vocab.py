@@ -36,16 +36,6 @@ flags.DEFINE_string(
 )
 
 
-def lines(files: list[str]):
-    """Each line of ``files`` without its newline."""
-    import tensorflow as tf
-
-    for path in files:
-        with tf.io.gfile.GFile(path, "r") as f:
-            for line in f:
-                yield line.rstrip("\r\n")
-
-
 def train(
     files: list[str],
     vocab_size: int,
@@ -57,12 +47,14 @@ def train(
     """A serialized SentencePiece model trained on ``files`` with this project's special ids."""
     import sentencepiece as spm
 
+    from tasks.readers import file_lines
+
     if vocab_size <= 4:
         raise ConfigError(f"--vocab_size must be > 4 (the special ids), got {vocab_size}")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=lines(files),
+            sentence_iterator=file_lines(files),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -85,7 +77,7 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary
-    from tasks.readers import list_files
+    from tasks.readers import file_lines, list_files
 
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {' '.join(argv[1:])!r}")
@@ -106,7 +98,7 @@ def main(argv: list[str]) -> int:
     with tf.io.gfile.GFile(FLAGS.output, "wb") as f:
         f.write(model)
     vocab = SentencePieceVocabulary(model, FLAGS.output)
-    sample = [line for _, line in zip(range(10000), lines(files))]
+    sample = [line for _, line in zip(range(10000), file_lines(files))]
     per_line = sum(len(vocab.encode(line)) for line in sample) / max(1, len(sample))
     print(f"vocab: wrote {FLAGS.output}: {vocab.size} pieces ({FLAGS.model_type}), {per_line:.1f} per line")
     return 0

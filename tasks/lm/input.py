@@ -222,24 +222,25 @@ class CorpusLmInput(BaseInput):
         p = self.params
         seqs = self.sequences()
         if p.batching == "pack":
-            return packing.pack(seqs, ("ids", "labels"), p.seq_length, p.open_rows)
-        if p.batching == "bucket":
-            return seqs.map(lambda ex: {**ex, "paddings": tf.zeros_like(ex["ids"], tf.float32)})
-        return seqs.map(lambda ex: _pad_to(ex, p.seq_length))
+            ds = packing.pack(seqs, ("ids", "labels"), p.seq_length, p.open_rows)
+        elif p.batching == "bucket":
+            ds = seqs.map(lambda ex: {**ex, "paddings": tf.zeros_like(ex["ids"], tf.float32)})
+        else:
+            ds = seqs.map(lambda ex: _pad_to(ex, p.seq_length))
+        # The same graph in every process, op determinism on (the trainer) or off (a tool reading a
+        # checkpoint's iterator): tf.data would otherwise parallelize these maps only in the latter,
+        # and a saved iterator restores only into the graph that saved it.
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = False
+        return ds.with_options(options)
 
-    def dataset(self, by_row: bool = True) -> tf.data.Dataset:
+    def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
         p = self.params
         if p.batching != "bucket":
-            return super().dataset(by_row)
-        ds = self.examples()
-        if p.num_samples:
-            ds = ds.take(p.num_samples)
-        if p.repeat:
-            ds = ds.repeat()
-        ds = packing.bucket(ds, "ids", list(p.bucket_boundaries), p.batch_size)
+            return super().batch(ds, batch_size)
+        ds = packing.bucket(ds, "ids", list(p.bucket_boundaries), batch_size, p.drop_remainder)
         # bucket_by_sequence_length pads paddings with 0.0: mark the padded positions as padding.
-        ds = ds.map(lambda b: {**b, "paddings": tf.cast(tf.equal(b["ids"], PAD_ID), tf.float32)})
-        return ds.prefetch(2)
+        return ds.map(lambda b: {**b, "paddings": tf.cast(tf.equal(b["ids"], PAD_ID), tf.float32)})
 
 
 def _pad_to(example: dict[str, tf.Tensor], length: int) -> dict[str, tf.Tensor]:
