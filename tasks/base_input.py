@@ -71,6 +71,14 @@ class BaseInput:
     def params(self) -> Params:
         return self._params
 
+    def shuffle_buffer(self) -> int:
+        """Elements of ``examples()`` the shuffle holds (default: ``shuffle_buffer_size``)."""
+        return self.params.shuffle_buffer_size
+
+    def inspect(self) -> str:
+        """What ``--mode=inspect_datasets`` shows of the data beside the Params (default: nothing)."""
+        return ""
+
     def files_to_keep(self) -> list[str]:
         """Files the run needs that its checkpoints do not hold; the trainer copies them into the logdir
         beside params.txt (``tools.export`` uses the copy when the original has moved). Default: the
@@ -115,7 +123,7 @@ class BaseInput:
         if p.num_samples:
             ds = ds.take(p.num_samples)
         if p.shuffle_seed is not None:
-            ds = ds.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(self.shuffle_buffer(), seed=p.shuffle_seed, reshuffle_each_iteration=True)
         if p.repeat:
             ds = ds.repeat()
         if count > 1:

@@ -9,6 +9,8 @@ log-perplexity is from the best achievable one.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import tensorflow as tf
 
@@ -150,12 +152,21 @@ class CorpusLmInput(BaseInput):
         p.define("batching", "pack", "pack, bucket or pad (see the class doc).")
         p.define("open_rows", 8, "pack: rows being filled at once (first fit).")
         p.define("bucket_boundaries", [16, 32, 64], "bucket: sequence lengths where buckets split.")
+        p.define(
+            "row_shuffle_buffer_size",
+            64,
+            "Rows (packed or not) shuffled again after the sentences' shuffle (shuffle_buffer_size "
+            "sentences). Small: a buffer holding a whole epoch of rows stalls the step at each epoch.",
+        )
         return p
+
+    def shuffle_buffer(self) -> int:
+        return self.params.row_shuffle_buffer_size
 
     def __init__(self, params: InstantiableParams) -> None:
         super().__init__(params)
         p = self.params
-        for name in ("seq_length", "num_parallel_reads", "open_rows"):
+        for name in ("seq_length", "num_parallel_reads", "open_rows", "row_shuffle_buffer_size"):
             _check_positive(p, name)
         if p.batching not in BATCHINGS:
             raise ConfigError(
@@ -234,6 +245,33 @@ class CorpusLmInput(BaseInput):
         options.experimental_optimization.map_parallelization = False
         return ds.with_options(options)
 
+    def inspect(self, num_examples: int = 3, max_sentences: int = 20000) -> str:
+        """A few decoded sentences, the packing efficiency and the token-length histogram of (up to
+        ``max_sentences`` of) one pass over the files, in file order."""
+        p = self.params
+        vocab = Vocabulary.from_params(p.vocab)
+        unshuffled = CorpusLmInput(p.copy().set(shuffle_seed=None, batching="pad"))
+        lengths = [
+            int(n) for n in unshuffled.sequences().take(max_sentences).map(lambda ex: tf.size(ex["ids"]))
+        ]
+        lines = [f"examples (first {num_examples}, decoded):"]
+        for ex in unshuffled.sequences().take(num_examples):
+            lines.append(f"  {vocab.decode(ex['labels'].numpy())!r} ({len(ex['ids'])} tokens)")
+        packed = CorpusLmInput(p.copy().set(shuffle_seed=None, batching="pack"))
+        paddings = [r["paddings"].numpy() for r in packed.examples().take(max_sentences)]
+        slots = sum(len(x) for x in paddings)
+        real = sum(int((x == 0).sum()) for x in paddings)
+        pad_slots = len(lengths) * p.seq_length
+        lines.append(
+            f"packing efficiency (real tokens / slots): {real / max(1, slots):.3f} packed "
+            f"({len(paddings)} rows of {p.seq_length}); {sum(lengths) / max(1, pad_slots):.3f} one per row"
+        )
+        lines.append(
+            f"token lengths of {len(lengths)} sentences (BOS or EOS included, cut at {p.seq_length}):"
+        )
+        lines += ["  " + line for line in _histogram(lengths)]
+        return "\n".join(lines) + "\n"
+
     def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
         p = self.params
         if p.batching != "bucket":
@@ -241,6 +279,21 @@ class CorpusLmInput(BaseInput):
         ds = packing.bucket(ds, "ids", list(p.bucket_boundaries), batch_size, p.drop_remainder)
         # bucket_by_sequence_length pads paddings with 0.0: mark the padded positions as padding.
         return ds.map(lambda b: {**b, "paddings": tf.cast(tf.equal(b["ids"], PAD_ID), tf.float32)})
+
+
+def _histogram(values: list[int], bins: int = 8, width: int = 40) -> list[str]:
+    """Text bars of ``values`` in ``bins`` equal ranges."""
+    if not values:
+        return ["(none)"]
+    low, high = min(values), max(values)
+    step = max(1, -(-(high - low + 1) // bins))
+    counts = collections.Counter((v - low) // step for v in values)
+    top = max(counts.values())
+    out = []
+    for b in range(-(-(high - low + 1) // step)):
+        lo, n = low + b * step, counts.get(b, 0)
+        out.append(f"{lo:5d}-{lo + step - 1:<5d} {n:7d} {'#' * round(width * n / top)}")
+    return out
 
 
 def _pad_to(example: dict[str, tf.Tensor], length: int) -> dict[str, tf.Tensor]:
