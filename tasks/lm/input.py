@@ -10,6 +10,7 @@ log-perplexity is from the best achievable one.
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -123,7 +124,7 @@ class TextLmInput(BaseInput):
 
 
 BATCHINGS = ("pack", "bucket", "pad")
-FILE_FORMATS = ("text", "tfrecord")
+FILE_FORMATS = ("auto", "text", "tfrecord")
 
 
 class CorpusLmInput(BaseInput):
@@ -144,7 +145,12 @@ class CorpusLmInput(BaseInput):
     def Params(cls) -> InstantiableParams:
         p = super().Params()
         p.define("file_pattern", "", "Text files or TFRecord shards: globs separated by commas.")
-        p.define("file_format", "text", "text (one sentence per line) or tfrecord (tf.train.Examples).")
+        p.define(
+            "file_format",
+            "auto",
+            "text (one sentence per line), tfrecord (tf.train.Examples) or auto (tfrecord when every "
+            "file's name has '.tfrecord' in it, else text).",
+        )
         p.define("text_feature", "text", "tfrecord: the bytes feature holding the sentence.")
         p.define("num_parallel_reads", 4, "Files read at once (interleaved in a fixed order).")
         p.define("vocab", vocabulary.vocab_params(type="sentencepiece"), "A sentencepiece vocabulary.")
@@ -191,7 +197,10 @@ class CorpusLmInput(BaseInput):
 
         p = self.params
         files = list_files(p.file_pattern, f"input {p.name!r}: file_pattern")
-        if p.file_format == "text":
+        fmt = p.file_format
+        if fmt == "auto":
+            fmt = "tfrecord" if all(".tfrecord" in os.path.basename(f) for f in files) else "text"
+        if fmt == "text":
             read = tf.data.TextLineDataset
         else:
             feature = {p.text_feature: tf.io.FixedLenFeature([], tf.string)}

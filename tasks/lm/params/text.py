@@ -2,7 +2,6 @@
 
     .venv/bin/python -m trainer --model=lm.text.TextTransformerLM --logdir=runs/text_lm \\
         --gin_param="TextTransformerLM.train_files='corpus/train-*.tfrecord'" \\
-        --gin_param="TextTransformerLM.file_format='tfrecord'" \\
         --gin_param="TextTransformerLM.vocab_file='vocab/corpus.model'"
 
 The defaults read ``tasks/lm/data/stories_{train,dev}.txt`` (3000 and 300 sentences from the seeded
@@ -32,8 +31,9 @@ SUBWORD = "sentencepiece"
 class TextTransformerLM(TransformerLmExperiment):
     """A small causal Transformer LM on a text corpus (default: the bundled one, SentencePiece pieces).
 
-    ``train_files`` (globs separated by commas; text lines or, with ``file_format='tfrecord'``, shards
-    of ``python -m tools.make_shards``) are read in parallel, tokenized in the graph by ``vocab_file``
+    ``train_files`` (globs separated by commas; text lines or shards of ``python -m tools.make_shards``,
+    told apart by ``file_format``: 'auto' (names with '.tfrecord' are shards), 'text' or 'tfrecord')
+    are read in parallel, tokenized in the graph by ``vocab_file``
     and packed ``batching='pack'`` (or ``bucket``, ``pad``) into rows of ``seq_length``; ``dev_files``
     are evaluated and decoded one sentence per row (each sentence's first ``prompt_length`` pieces
     continued greedily, ``num_dev_samples`` of them). ``vocab_size`` 0 takes the model's piece count.
@@ -50,7 +50,7 @@ class TextTransformerLM(TransformerLmExperiment):
         self,
         train_files: str = os.path.join(DATA, "stories_train.txt"),
         dev_files: str = os.path.join(DATA, "stories_dev.txt"),
-        file_format: str = "text",
+        file_format: str = "auto",
         level: str = SUBWORD,
         vocab_file: str = os.path.join(DATA, "stories.model"),
         vocab_size: int = 0,
