@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from layers import mesh as mesh_lib
 from params.errors import ConfigError
-from params.hyperparams import InstantiableParams, Params
+from params.hyperparams import DTYPE, InstantiableParams, Params
 
 DEFAULT_SEED = 1234
 
@@ -155,9 +155,16 @@ class BaseLayer(tf.Module):
     def Params(cls) -> InstantiableParams:  # noqa: N802 (Lingvo's name, kept on purpose)
         p = InstantiableParams(cls)
         p.define("name", "", "Name of the layer; part of every variable path.")
-        p.define("dtype", None, "dtype of weights and computation; None inherits (float32 at root).")
-        p.define("random_seed", None, "Seed of initializers and dropout; None inherits.")
-        p.define("weight_init", None, "weight_init_params(); None inherits (xavier at root).")
+        p.define(
+            "dtype",
+            None,
+            "dtype of weights and computation; None inherits (float32 at root).",
+            value_type=DTYPE,
+        )
+        p.define("random_seed", None, "Seed of initializers and dropout; None inherits.", value_type=int)
+        p.define(
+            "weight_init", None, "weight_init_params(); None inherits (xavier at root).", value_type=Params
+        )
         return p
 
     def __init__(self, params: Params, parent: BaseLayer | None = None) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from layers import checks
 from layers.base_layer import BaseLayer, FPropContext
 from params.errors import ConfigError
-from params.hyperparams import InstantiableParams
+from params.hyperparams import InstantiableParams, Params
 
 
 def _check_layer_params(layer: BaseLayer, what: str, value: Any) -> None:
@@ -56,7 +56,7 @@ class RepeatLayer(BaseLayer):
     @classmethod
     def Params(cls) -> InstantiableParams:
         p = super().Params()
-        p.define("body", None, "Params of the repeated layer.")
+        p.define("body", None, "Params of the repeated layer.", value_type=Params)
         p.define("repeat", 1, "Number of copies, applied in order; each has its own weights.")
         return p
 
@@ -84,7 +84,7 @@ class OnKeyLayer(BaseLayer):
     @classmethod
     def Params(cls) -> InstantiableParams:
         p = super().Params()
-        p.define("body", None, "Params of the layer applied to state[key].")
+        p.define("body", None, "Params of the layer applied to state[key].", value_type=Params)
         p.define("key", "x", "The dict entry the body transforms.")
         return p
 

@@ -51,9 +51,14 @@ class ProjectionLayer(BaseLayer):
         p.define("activation", "none", f"Activation after the affine map: {', '.join(activations.names())}.")
         p.define("has_bias", True, "Whether to add a bias (initialized to zero).")
         p.define(
-            "input_dim_name", None, "On a mesh: logical name of the input dim (layout rules), e.g. embed."
+            "input_dim_name",
+            None,
+            "On a mesh: logical name of the input dim (layout rules), e.g. embed.",
+            value_type=str,
         )
-        p.define("output_dim_name", None, "On a mesh: logical name of the output dim, e.g. hidden.")
+        p.define(
+            "output_dim_name", None, "On a mesh: logical name of the output dim, e.g. hidden.", value_type=str
+        )
         mesh_lib.define_split_params(p)
         return p
 

@@ -93,6 +93,7 @@ class GPipeLayer(BaseLayer):
             "Shape of one input batch, e.g. [32, 784]: needed by partition_method flops and measured, "
             "which trace each layer on one micro-batch of it (measured needs the batch size here or "
             "micro_batch_size; flops allows None); when set the partition report shows FLOPs.",
+            value_type=list,
         )
         p.define("input_dtype", "float32", "dtype of the input described by input_shape.")
         p.define("num_micro_batches", 1, "M: each mini-batch is split into M micro-batches.")

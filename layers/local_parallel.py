@@ -77,7 +77,12 @@ class LocalParallelLayer(BaseLayer):
             "uniform, params, flops or measured (see GPipeLayer; flops and measured need input_shape).",
         )
         p.define("split_points", [], "Explicit cut: index of the first layer of blocks 1..K-1.")
-        p.define("input_shape", None, "Shape of one input batch (flops/measured partitioning, report).")
+        p.define(
+            "input_shape",
+            None,
+            "Shape of one input batch (flops/measured partitioning, report).",
+            value_type=list,
+        )
         p.define("input_dtype", "float32", "dtype of the input described by input_shape.")
         p.define(
             "devices",

@@ -249,9 +249,11 @@ def define_split_params(p: Any) -> None:
         None,
         "On a mesh: None (the layout rules decide), or {variable name: [mesh axis or None per dim]} "
         "(a list alone applies to the layer's main weight).",
+        value_type=(dict, list),
     )
     p.define(
         "activation_split_dims_mapping",
         None,
         "On a mesh: None (the layout rules decide), or [mesh axis or None per dim] of the layer's output.",
+        value_type=list,
     )

@@ -347,6 +347,7 @@ class TransformerStack(BaseLayer):
             "None: the layers run in order. Or GPipeLayer Params with its layers left empty (num_stages, "
             "num_micro_batches, remat, partition_method ...): fprop runs `layers` as that pipeline "
             "(child pipeline/layers_<i>); incremental decoding still runs them one by one.",
+            value_type=Params,
         )
         return p
 

@@ -38,7 +38,7 @@ def cluster_params() -> Params:
         "mesh_shape",
         [],
         "Device mesh of the trainer ([]: no mesh), e.g. [2, 2]: DTensor splits tensors over it "
-        "(README, 'Sharding over a mesh'); needs prod(mesh_shape) devices.",
+        "(docs/parallelism/mesh.md); needs prod(mesh_shape) devices.",
     )
     p.define("mesh_axis_names", [], "One name per mesh_shape entry, e.g. ['data', 'model'].")
     p.define(
@@ -187,7 +187,7 @@ def task_params_for(root: Params, dataset: str) -> Params:
                 isinstance(current, (list, tuple)) and current and all(isinstance(v, Params) for v in current)
             ):
                 raise ConfigError(f"param {key!r} is a group of params: set its fields, like '{key}.name'")
-            task.set(**{key: coerce_value(key, value, current)})
+            task.set(**{key: coerce_value(key, value, current, declared=task.declared(key))})
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
     return task.freeze()

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import copy as copy_lib
 import difflib
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from params import registry, text_format
+from params import registry, text_format, text_tree
 from params.errors import ConfigError
+from params.keys import MAX_KEY_CHARS, NAME_RE, clip, split_key
 
-MAX_KEY_CHARS = 500  # a dotted key; longer is an error naming the limit
-MAX_INDEX_DIGITS = 9  # list indices in keys: body.layers[2]
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SEGMENT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+__all__ = ["MAX_KEY_CHARS", "InstantiableParams", "Params", "clip", "coerce_value", "parse_typed"]
 
 
 class UnknownParamError(ConfigError, AttributeError):
@@ -31,45 +28,82 @@ class FrozenParamsError(TypeError):
     """A write to Params after ``freeze()``."""
 
 
-class _Param:
-    __slots__ = ("value", "doc")
+DTYPE = "dtype"  # ``value_type`` of a param holding a TensorFlow dtype (or its name)
+VALUE_TYPES = (bool, int, float, str, list, tuple, dict, type, DTYPE)  # and Params: a group
 
-    def __init__(self, value: Any, doc: str) -> None:
+
+class _Param:
+    """One param: its value, doc, and the value a set value is checked against (``proto``): the
+    default, or for a None default a stand-in of its declared ``value_type``."""
+
+    __slots__ = ("value", "doc", "proto")
+
+    def __init__(self, value: Any, doc: str, proto: Any) -> None:
         self.value = value
         self.doc = doc
+        self.proto = proto
+
+
+class _Group:
+    """``proto`` of a param holding a group of params (a Params, or a list of them)."""
+
+
+_GROUP = _Group()
+
+
+class _AnyOf:
+    """``proto`` of a param declared with a tuple of value types: a value of any of them."""
+
+    def __init__(self, protos: list[Any]) -> None:
+        self.protos = protos
+
+
+_DTYPE_PROTO = object()  # ``proto`` of a dtype param whose default is None
+
+
+def _kinds(proto: Any) -> tuple[str, ...]:
+    if proto is None:
+        return ()
+    if isinstance(proto, _AnyOf):
+        return tuple(k for p in proto.protos for k in _kinds(p))
+    if proto is _GROUP:
+        return ("group",)
+    if proto is _DTYPE_PROTO or text_format.is_dtype(proto):
+        return ("dtype",)
+    if isinstance(proto, type):
+        return ("class",)
+    return (type(proto).__name__,)
+
+
+def _proto(name: str, default: Any, value_type: Any) -> Any:
+    """What values of this param are checked against; ``value_type`` declares it for a None default."""
+    if default is not None:
+        return _GROUP if isinstance(default, Params) or _is_params_list(default) else default
+    if value_type is None:
+        return None
+    if isinstance(value_type, tuple):  # one of several types, e.g. (dict, list)
+        return _AnyOf([_proto(name, None, t) for t in value_type])
+    if isinstance(value_type, type) and issubclass(value_type, Params):
+        return _GROUP
+    if value_type == DTYPE:
+        return _DTYPE_PROTO
+    if value_type is type:
+        return object  # any class: the family check has nothing to compare with
+    if value_type in VALUE_TYPES:
+        return value_type()
+    raise ConfigError(
+        f"param {name!r}: value_type must be one of bool, int, float, str, list, tuple, "
+        f"dict, type, Params or {DTYPE!r}, not {value_type!r}"
+    )
 
 
 def _is_params_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, Params) for v in value)
 
 
-def clip(text: str, limit: int = 80) -> str:
-    """``repr(text)``, shortened to about ``limit`` characters, for one-line error messages."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def _split_key(key: str) -> list[tuple[str, list[int]]]:
-    """'a.b[1].c' -> [('a', []), ('b', [1]), ('c', [])]."""
-    if not isinstance(key, str):
-        raise ConfigError(f"param key of type {type(key).__name__} is not a string")
-    if len(key) > MAX_KEY_CHARS:
-        raise ConfigError(f"param key {clip(key)} is longer than {MAX_KEY_CHARS} characters (the limit)")
-    segments = []
-    for part in key.split("."):
-        match = _SEGMENT_RE.match(part.strip())
-        if not match:
-            raise ConfigError(f"malformed param key {clip(key)}: bad segment {clip(part, 40)}")
-        digits = re.findall(r"\[(\d+)\]", match.group(2))
-        if any(len(i) > MAX_INDEX_DIGITS for i in digits):
-            raise ConfigError(f"param key {clip(key)}: a list index has more than {MAX_INDEX_DIGITS} digits")
-        indices = [int(i) for i in digits]
-        segments.append((match.group(1), indices))
-    return segments
-
-
 class _ClassBuildsFromText:
     """``p.from_text(text)`` sets values of an existing tree; ``Params.from_text(text)``, on the class,
-    builds a new tree from the text alone (``params.text_tree.build``: Lingvo's params.txt too)."""
+    builds a new tree from the text alone (``build_from_text``: Lingvo's params.txt too)."""
 
     def __init__(self, method: Any) -> None:
         self._method = method
@@ -77,9 +111,7 @@ class _ClassBuildsFromText:
 
     def __get__(self, instance: Any, owner: type) -> Any:
         if instance is None:
-            from params import text_tree
-
-            return text_tree.build
+            return build_from_text
         return self._method.__get__(instance, owner)
 
 
@@ -96,10 +128,14 @@ class Params:
         object.__setattr__(self, "_frozen", False)
 
     # ----------------------------------------------------------------------------------- definition
-    def define(self, name: str, default: Any, doc: str) -> None:
-        """Adds a new param ``name`` with a default value and a one-line description."""
+    def define(self, name: str, default: Any, doc: str, *, value_type: Any = None) -> None:
+        """Adds a new param ``name`` with a default value and a one-line description.
+
+        A value set later from text (overrides, params files, task_overrides) must have the default's
+        type; for a None default, ``value_type`` declares it (int, str, list, Params, ``DTYPE``, ...),
+        so that None params are checked too. Without it a None param takes any value."""
         self._check_not_frozen(name)
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.match(name):
             raise ConfigError(f"invalid param name {name!r}: use letters, digits and underscores")
         if hasattr(type(self), name):
             raise ConfigError(f"invalid param name {name!r}: it is a Params method")
@@ -107,7 +143,7 @@ class Params:
             raise ConfigError(f"param {name!r} is already defined")
         if not isinstance(doc, str):
             raise ConfigError(f"param {name!r} needs a doc string")
-        self._params[name] = _Param(default, doc)
+        self._params[name] = _Param(default, doc, _proto(name, default, value_type))
 
     # ------------------------------------------------------------------------------ attribute access
     def __getattr__(self, name: str) -> Any:
@@ -143,6 +179,17 @@ class Params:
         parent, name = self._resolve_parent(key)
         return parent._params[name].doc
 
+    def declared_kinds(self, key: str) -> tuple[str, ...]:
+        """The kinds of value ``key`` takes, by name (``('int',)``, ``('dict', 'list')``, ``('dtype',)``,
+        ``('class',)``, ``('group',)``); () when unchecked (a None default without ``value_type``)."""
+        return _kinds(self.declared(key))
+
+    def declared(self, key: str) -> Any:
+        """What a value set at ``key`` is checked against when the value there now is None: its
+        default, or a stand-in of its declared ``value_type`` (None: unchecked)."""
+        parent, name = self._resolve_parent(key)
+        return parent._params[name].proto
+
     # ---------------------------------------------------------------------------------- dotted keys
     def get(self, key: str) -> Any:
         """The value at a dotted key such as ``'task.train.learning_rate'`` or ``'body.layers[1].dim'``."""
@@ -158,7 +205,7 @@ class Params:
         return self
 
     def _resolve_parent(self, key: str) -> tuple[Params, str]:
-        segments = _split_key(key)
+        segments = split_key(key)
         node: Params = self
         walked = ""
         for i, (name, indices) in enumerate(segments):
@@ -226,7 +273,7 @@ class Params:
         object.__setattr__(new, "_params", {})
         object.__setattr__(new, "_frozen", False)
         for name, param in self._params.items():
-            new._params[name] = _Param(_copy_value(param.value), param.doc)
+            new._params[name] = _Param(_copy_value(param.value), param.doc, param.proto)
         return new
 
     def __deepcopy__(self, memo: dict) -> Params:
@@ -272,7 +319,7 @@ class Params:
                 raise ConfigError(f"line {line_no}: expected 'key : value', got {clip(line)}")
             key, value_text = (part.strip() for part in line.split(":", 1))
             current = self.get(key)
-            updates[key] = parse_typed(key, value_text, current)
+            updates[key] = parse_typed(key, value_text, current, self.declared(key))
         for key in updates:
             self._resolve_parent(key)[0]._check_not_frozen(key)
         return self.set(**updates)
@@ -310,12 +357,41 @@ class InstantiableParams(Params):
 
     def __init__(self, cls: type | None = None) -> None:
         super().__init__()
-        self.define("cls", cls, "The class these params build.")
+        self.define("cls", cls, "The class these params build.", value_type=type)
 
     def instantiate(self, *args: Any, **kwargs: Any) -> Any:
         if self.cls is None:
             raise ConfigError("cannot instantiate params whose 'cls' is None")
         return self.cls(self, *args, **kwargs)
+
+
+def build_from_text(text: str, source: str = "params text") -> Params:
+    """A Params tree holding exactly the values of ``text`` (``params.text_tree`` says how it is read):
+    a group with a ``cls : type/module/Name`` line is an InstantiableParams of that class."""
+    return _from_tree(text_tree.nest(text, source), source)
+
+
+def _from_tree(tree: dict, source: str) -> Params:
+    cls_entry = tree.get("cls")
+    if isinstance(cls_entry, tuple) and isinstance(cls_entry[1], type):
+        p: Params = InstantiableParams(cls_entry[1])
+    else:
+        p = Params()
+    for name in sorted(tree):
+        entry = tree[name]
+        if name == "cls" and isinstance(p, InstantiableParams):
+            continue
+        if isinstance(entry, tuple):
+            value = entry[1]
+        elif "[]" in entry:
+            items = entry["[]"]
+            if sorted(items) != list(range(len(items))):
+                raise ConfigError(f"{source}: {name!r} lists elements {sorted(items)}, not 0..n-1")
+            value = [_from_tree(items[i], source) for i in range(len(items))]
+        else:
+            value = _from_tree(entry, source)
+        p.define(name, value, "")
+    return p
 
 
 def _copy_value(value: Any) -> Any:
@@ -345,12 +421,17 @@ def _values_equal(a: Any, b: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- parsing
-def parse_typed(key: str, text: str, current: Any) -> Any:
-    """Parses ``text`` for the param ``key`` whose current value is ``current``.
+def parse_typed(key: str, text: str, current: Any, declared: Any = None) -> Any:
+    """Parses ``text`` for the param ``key`` whose current value is ``current`` (``declared``: what it
+    is checked against when ``current`` is None, ``Params.declared``).
 
     A str param takes any text: quoted it is unquoted, unquoted it is kept verbatim (so code stays a
     string). Other params take only a literal of a compatible type; anything else is a ConfigError.
     """
+    if current is None and declared is not None:
+        if text.strip() in ("None", "NoneType"):
+            return None
+        current = declared
     if isinstance(current, Params) or _is_params_list(current):
         raise ConfigError(f"param {key!r} is a group of params: set its fields, like '{key}.name'")
     if isinstance(current, str):
@@ -376,15 +457,35 @@ def _coerce(key: str, text: str, parsed: Any, current: Any) -> Any:
     return coerce_value(key, parsed, current, shown=text)
 
 
-def coerce_value(key: str, value: Any, current: Any, shown: str | None = None) -> Any:
+def coerce_value(key: str, value: Any, current: Any, shown: str | None = None, declared: Any = None) -> Any:
     """``value`` (already parsed: a gin binding, a task_overrides entry) checked against the type of
     the param's ``current`` value, as ``--params_override`` checks text; returns it, converted where
     that is lossless (int -> float, list -> tuple, a class path or dtype name -> the class or dtype).
-    ``shown`` is the user's text for the message. Raises ConfigError."""
+    ``shown`` is the user's text for the message; ``declared`` is checked against when ``current`` is
+    None (``Params.declared``). Raises ConfigError."""
+    if current is None:
+        current = declared
     if current is None or value is None:
         return value
+    if isinstance(current, _AnyOf):
+        errors = []
+        for proto in current.protos:
+            try:
+                return coerce_value(key, value, proto, shown)
+            except ConfigError as e:
+                errors.append(str(e).split(": expected ", 1)[-1].split(", got ")[0])
+        text = shown if shown is not None else _format_for_message(value)
+        raise ConfigError(f"param {key!r}: expected {' or '.join(errors)}, got {clip(text)}")
     expected = None
-    if isinstance(current, bool):
+    if current is _GROUP:
+        expected = "a group of params (set its fields, like 'KEY.name')".replace("KEY", key)
+    elif current is _DTYPE_PROTO:
+        if text_format.is_dtype(value):
+            return value
+        if text_format.is_dtype_name(value):
+            return text_format.parse_value(value)
+        expected = "a dtype such as float32"
+    elif isinstance(current, bool):
         if isinstance(value, bool):
             return value
         expected = "a bool (True or False)"

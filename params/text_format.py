@@ -3,8 +3,9 @@
 Grammar of a value: a quoted string, an int, a float (``inf``, ``nan`` too), ``True``/``False``/``None``
 (Lingvo's ``NoneType`` too), a TF dtype name (``float32``), a class as ``type/module.path/Name`` (a
 function as Lingvo's ``callable/module.path/qualname``), or a list ``[...]``, tuple ``(...)`` or dict
-``{k: v}`` of values. Anything else is a ValueError; nothing is ever executed, and a ``type/`` or
-``callable/`` value imports only a module of the project (``registry.is_known_module``). Limits keep
+``{k: v}`` of values. Anything else is a ConfigError (a ValueError too); nothing is ever executed, and
+a ``type/`` or ``callable/`` value imports only a module of the project (``registry.is_known_module``).
+Limits keep
 hostile input from exhausting the parser: ``MAX_VALUE_CHARS`` characters, ``MAX_DEPTH`` levels of brackets.
 """
 
@@ -13,9 +14,11 @@ from __future__ import annotations
 import ast
 import enum
 import re
+import warnings
 from typing import Any
 
 from params import registry
+from params.errors import ConfigError
 
 MAX_VALUE_CHARS = 100_000
 MAX_DEPTH = 50
@@ -82,12 +85,12 @@ def format_value(value: Any) -> str:
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
     if len(text) > MAX_VALUE_CHARS:
-        raise ValueError(f"value is {len(text)} characters long; the limit is {MAX_VALUE_CHARS}")
+        raise ConfigError(f"value is {len(text)} characters long; the limit is {MAX_VALUE_CHARS}")
     tokens, pos = [], 0
     while pos < len(text):
         match = _TOKEN_RE.match(text, pos)
         if not match:
-            raise ValueError(f"unexpected character {text[pos]!r} at position {pos}")
+            raise ConfigError(f"unexpected character {text[pos]!r} at position {pos}")
         pos = match.end()
         if match.lastgroup != "space":
             tokens.append((match.lastgroup, match.group()))
@@ -95,14 +98,14 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
 
 
 def parse_value(text: str) -> Any:
-    """Parses one value of the grammar above; raises ValueError on anything else."""
+    """Parses one value of the grammar above; raises ConfigError (one line) on anything else."""
     tokens = _tokenize(text)
     if not tokens:
-        raise ValueError("empty value")
+        raise ConfigError("empty value")
     _check_depth(tokens)
     value, pos = _parse(tokens, 0)
     if pos != len(tokens):
-        raise ValueError(f"unexpected {tokens[pos][1]!r} after the value")
+        raise ConfigError(f"unexpected {tokens[pos][1]!r} after the value")
     return value
 
 
@@ -113,26 +116,31 @@ def _check_depth(tokens: list[tuple[str, str]]) -> None:
         if kind == "punct" and text in "[({":
             depth += 1
             if depth > MAX_DEPTH:
-                raise ValueError(f"brackets nest deeper than {MAX_DEPTH} levels (the limit)")
+                raise ConfigError(f"brackets nest deeper than {MAX_DEPTH} levels (the limit)")
         elif kind == "punct" and text in "])}":
             depth -= 1
 
 
 def _parse_string(text: str) -> str:
-    """A quoted string token with Python's escapes; a bad escape is a ValueError."""
+    """A quoted string token with Python's escapes; an escape Python does not define (``'\\d'``,
+    ``'\\777'``, which Python only warns about) is a ConfigError, as is any other bad escape."""
     try:
-        value = ast.literal_eval(text)  # a single string token: a literal, never code
-    except (SyntaxError, ValueError, UnicodeError, MemoryError) as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # Python's invalid-escape warning becomes the error below
+            value = ast.literal_eval(text)  # a single string token: a literal, never code
+    except (SyntaxError, ValueError, UnicodeError, MemoryError, Warning) as e:
         reason = getattr(e, "msg", None) or str(e) or type(e).__name__
-        raise ValueError(f"bad string {text[:40]!r}{'...' if len(text) > 40 else ''}: {reason}") from None
+        hint = " (a backslash itself is written \\\\)" if "escape" in reason else ""
+        shown = f"{text[:40]!r}{'...' if len(text) > 40 else ''}"
+        raise ConfigError(f"bad string {shown}: {reason}{hint}") from None
     if not isinstance(value, str):
-        raise ValueError(f"{text[:40]!r} is not a string")
+        raise ConfigError(f"{text[:40]!r} is not a string")
     return value
 
 
 def _parse(tokens: list[tuple[str, str]], pos: int) -> tuple[Any, int]:
     if pos >= len(tokens):
-        raise ValueError("value ends too early")
+        raise ConfigError("value ends too early")
     kind, text = tokens[pos]
     if kind == "string":
         return _parse_string(text), pos + 1
@@ -141,7 +149,7 @@ def _parse(tokens: list[tuple[str, str]], pos: int) -> tuple[Any, int]:
         try:
             return (float(text) if is_float else int(text)), pos + 1
         except ValueError:
-            raise ValueError(f"number {text[:20]}... has too many digits ({len(text)})") from None
+            raise ConfigError(f"number {text[:20]}... has too many digits ({len(text)})") from None
     if kind == "signed":
         return float(text), pos + 1
     if kind == "typeref":
@@ -156,7 +164,7 @@ def _parse(tokens: list[tuple[str, str]], pos: int) -> tuple[Any, int]:
         return tuple(items), pos
     if text == "{":
         return _parse_dict(tokens, pos + 1)
-    raise ValueError(f"unexpected {text!r}")
+    raise ConfigError(f"unexpected {text!r}")
 
 
 def resolve_typeref(text: str) -> Any:
@@ -167,7 +175,7 @@ def resolve_typeref(text: str) -> Any:
     try:
         return registry.import_known(module_name, attr)
     except ValueError as e:
-        raise ValueError(f"cannot import {text!r} ({e})") from None
+        raise ConfigError(f"cannot import {text!r} ({e})") from None
 
 
 def _parse_name(text: str) -> Any:
@@ -181,7 +189,7 @@ def _parse_name(text: str) -> Any:
         import tensorflow as tf  # only when a dtype is actually written
 
         return tf.as_dtype(text)
-    raise ValueError(f"{text!r} is not a value (strings need quotes)")
+    raise ConfigError(f"{text!r} is not a value (strings need quotes)")
 
 
 def _parse_sequence(tokens: list[tuple[str, str]], pos: int, close: str) -> tuple[list, int]:
@@ -194,7 +202,7 @@ def _parse_sequence(tokens: list[tuple[str, str]], pos: int, close: str) -> tupl
         if pos < len(tokens) and tokens[pos][1] == ",":
             pos += 1
         elif pos >= len(tokens) or tokens[pos][1] != close:
-            raise ValueError(f"expected ',' or {close!r}")
+            raise ConfigError(f"expected ',' or {close!r}")
 
 
 def _parse_dict(tokens: list[tuple[str, str]], pos: int) -> tuple[dict, int]:
@@ -204,13 +212,13 @@ def _parse_dict(tokens: list[tuple[str, str]], pos: int) -> tuple[dict, int]:
             return result, pos + 1
         key, pos = _parse(tokens, pos)
         if pos >= len(tokens) or tokens[pos][1] != ":":
-            raise ValueError("expected ':' in a dict")
+            raise ConfigError("expected ':' in a dict")
         value, pos = _parse(tokens, pos + 1)
         try:
             result[key] = value
         except TypeError:
-            raise ValueError(f"dict key {key!r} is not hashable") from None
+            raise ConfigError(f"dict key {key!r} is not hashable") from None
         if pos < len(tokens) and tokens[pos][1] == ",":
             pos += 1
         elif pos >= len(tokens) or tokens[pos][1] != "}":
-            raise ValueError("expected ',' or '}'")
+            raise ConfigError("expected ',' or '}'")

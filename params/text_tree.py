@@ -1,7 +1,7 @@
 """Params text on its own: lines as a {key: value text} map, a Params tree built from text alone, and
 Lingvo-TextDiff-style differences between two texts.
 
-``Params.from_text(text)`` called on the class (not on an instance) builds its tree here, so a
+``Params.from_text(text)`` called on the class (not on an instance) builds its tree from ``nest``, so a
 ``params.txt`` (this project's or Lingvo's) can be inspected, diffed or instantiated without the
 experiment that wrote it: a group with a ``cls : type/module/Name`` line becomes an
 ``InstantiableParams`` of that class, ``key[i].name`` lines become a list of Params, and each value is
@@ -16,14 +16,13 @@ from typing import Any
 
 from params import text_format
 from params.errors import ConfigError
+from params.keys import split_key
 
 Lines = dict[str, str]
 
 
 def parse_lines(text: str, source: str = "params text") -> Lines:
     """``{dotted key: value text}`` of ``key : value`` lines (blank lines and ``#`` comments skipped)."""
-    from params.hyperparams import _split_key
-
     out: Lines = {}
     for line_no, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -34,7 +33,7 @@ def parse_lines(text: str, source: str = "params text") -> Lines:
             raise ConfigError(f"{source}: line {line_no}: expected 'key : value', got {line!r}")
         key = key.strip()
         try:
-            _split_key(key)
+            split_key(key)
         except ConfigError as e:
             raise ConfigError(f"{source}: line {line_no}: {e}") from None
         out[key] = value.strip()
@@ -49,14 +48,14 @@ def parse_untyped(text: str) -> Any:
         return text
 
 
-def build(text: str, source: str = "params text") -> Any:
-    """A Params tree holding exactly the values of ``text`` (see the module doc)."""
-    from params.hyperparams import _split_key
-
+def nest(text: str, source: str = "params text") -> dict:
+    """The lines of ``text`` as a nested dict: ``{name: ("value", v)}`` for a value, ``{name: {...}}``
+    for a group, ``{name: {"[]": {index: {...}}}}`` for a list of groups. ``Params.from_text`` (on the
+    class) turns it into a Params tree."""
     tree: dict = {}
     for key, value_text in parse_lines(text, source).items():
         node = tree
-        segments = _split_key(key)
+        segments = split_key(key)
         for i, (name, indices) in enumerate(segments):
             last = i == len(segments) - 1
             if last and not indices:
@@ -70,32 +69,7 @@ def build(text: str, source: str = "params text") -> Any:
             for index in indices:
                 child = child.setdefault("[]", {}).setdefault(index, {})
             node = child
-    return _to_params(tree, source)
-
-
-def _to_params(tree: dict, source: str) -> Any:
-    from params.hyperparams import InstantiableParams, Params
-
-    cls_entry = tree.get("cls")
-    if isinstance(cls_entry, tuple) and isinstance(cls_entry[1], type):
-        p = InstantiableParams(cls_entry[1])
-    else:
-        p = Params()
-    for name in sorted(tree):
-        entry = tree[name]
-        if name == "cls" and isinstance(p, InstantiableParams):
-            continue
-        if isinstance(entry, tuple):
-            value = entry[1]
-        elif "[]" in entry:
-            items = entry["[]"]
-            if sorted(items) != list(range(len(items))):
-                raise ConfigError(f"{source}: {name!r} lists elements {sorted(items)}, not 0..n-1")
-            value = [_to_params(items[i], source) for i in range(len(items))]
-        else:
-            value = _to_params(entry, source)
-        p.define(name, value, "")
-    return p
+    return tree
 
 
 def diff(a: Lines, b: Lines) -> list[str]:

@@ -32,7 +32,9 @@ class BaseInput:
         p.define("name", "input", "Name of the data set (train, dev, test, ...).")
         p.define("batch_size", 32, "Examples per batch (the global batch).")
         p.define("num_samples", 0, "Use only the first N examples (0: all).")
-        p.define("shuffle_seed", None, "Shuffle with this seed each epoch (None: keep the order).")
+        p.define(
+            "shuffle_seed", None, "Shuffle with this seed each epoch (None: keep the order).", value_type=int
+        )
         p.define("shuffle_buffer_size", 10000, "Examples held by the shuffle buffer.")
         p.define("repeat", False, "Cycle forever (training) or make one pass (evaluation).")
         p.define("drop_remainder", True, "Drop a last partial batch (keeps batch shapes static).")

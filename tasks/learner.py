@@ -52,11 +52,11 @@ def train_params() -> Params:
     p.define("clip_gradient_norm_to_value", 0.0, "Clip gradients to this global norm (0: off).")
     p.define("l2_regularizer_weight", 0.0, "Weight of 0.5 * sum of squared trainable weights.")
     p.define("max_steps", 1000, "Stop training at this global step.")
-    p.define("save_interval_steps", 100, "Save a checkpoint every this many steps.")
+    p.define("save_interval_steps", 100, "Save a checkpoint every this many steps (0: only at max_steps).")
     p.define("save_interval_seconds", 0, "Also save when this many seconds passed (0: off).")
-    p.define("save_max_to_keep", 5, "Checkpoints kept; older ones are deleted.")
-    p.define("summary_interval_steps", 10, "Write train summaries every this many steps.")
-    p.define("log_interval_steps", 50, "Print a progress line every this many steps.")
+    p.define("save_max_to_keep", 5, "Checkpoints kept; older ones are deleted (0: keep all).")
+    p.define("summary_interval_steps", 10, "Write train summaries every this many steps (0: off).")
+    p.define("log_interval_steps", 50, "Print a progress line every this many steps (0: off).")
     return p
 
 
@@ -83,6 +83,13 @@ def validate(p: Params) -> None:
     )
     _check(p.l2_regularizer_weight >= 0, "l2_regularizer_weight", "a number >= 0", p.l2_regularizer_weight)
     _check(p.max_steps > 0, "max_steps", "an int > 0", p.max_steps)
+    for key in (
+        "save_interval_steps",
+        "save_interval_seconds",
+        "summary_interval_steps",
+        "log_interval_steps",
+    ):
+        _check(p.get(key) >= 0, key, "an int >= 0 (0: off)", p.get(key))
     _check(p.lr_schedule in LR_SCHEDULES, "lr_schedule", " or ".join(LR_SCHEDULES), p.lr_schedule)
     _check(p.warmup_steps >= 0, "warmup_steps", "an int >= 0", p.warmup_steps)
     if p.lr_schedule == "linear_rsqrt":

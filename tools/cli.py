@@ -1,5 +1,7 @@
 """What every ``tools.*`` binary does around its ``main``: absl flags whose errors are one line (exit 2),
-``--help`` that exits 0, a UserError as ``<name>: error: ...`` with its exit status, and a quiet Ctrl-C.
+``--help`` that exits 0, a UserError as ``<name>: error: ...`` with its exit status, and one line for
+Ctrl-C (exit 130) or SIGTERM (exit 143). The lines are the same during start-up: ``tools/__init__.py``
+installs ``trainer.signals.install_for_binary`` as a tool's first instruction.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from params.errors import UserError
+from trainer import signals
 
 HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
 
@@ -40,6 +43,9 @@ def run_main(name: str, main: Callable[[list[str]], int]) -> None:
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             print(f"{name}: interrupted", file=sys.stderr)
-            sys.exit(130)
+            sys.exit(signals.INTERRUPT_EXIT_CODE)
+        except signals.Terminated:
+            print(f"{name}: terminated by SIGTERM", file=sys.stderr)
+            sys.exit(signals.EXIT_CODE)
 
     app.run(_main, flags_parser=lambda argv: parse_flags(name, argv))

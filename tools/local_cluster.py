@@ -111,8 +111,11 @@ def run(cluster: list[Task], grace_seconds: float) -> int:
         pump.start()
         pumps.append(pump)
 
+    received: list[int] = []  # signals forwarded: then the cluster's status is the signal's, in one line
+
     def forward(signum: int, frame: object) -> None:
         del frame
+        received.append(signum)
         for t in cluster:
             if t.proc is not None and t.proc.poll() is None:
                 t.proc.send_signal(signum)
@@ -120,7 +123,7 @@ def run(cluster: list[Task], grace_seconds: float) -> int:
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 0
     try:
-        status = _wait(cluster, grace_seconds)
+        status = _wait(cluster, grace_seconds, received)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -130,10 +133,14 @@ def run(cluster: list[Task], grace_seconds: float) -> int:
                 t.proc.wait()
         for pump in pumps:
             pump.join(timeout=5)
+    if received:
+        what = "terminated by SIGTERM" if received[0] == signal.SIGTERM else "interrupted"
+        print(f"local_cluster: {what}; forwarded to every process", file=sys.stderr, flush=True)
+        return 128 + received[0]
     return status
 
 
-def _wait(cluster: list[Task], grace_seconds: float) -> int:
+def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int] = ()) -> int:
     status, deadline = 0, None
     stopping = False
     while True:
@@ -146,6 +153,8 @@ def _wait(cluster: list[Task], grace_seconds: float) -> int:
             code = t.proc.returncode
             if code not in (None, 0) and status == 0 and not (stopping and t.server):
                 status = code if code > 0 else 128 - code
+                if received:  # stopped by the forwarded signal: run() says so in one line
+                    continue
                 print(f"local_cluster: {t.name} exited with status {code}", file=sys.stderr, flush=True)
                 deadline = time.monotonic() + grace_seconds
         if not running:

@@ -250,4 +250,17 @@ class Checkpointer:
         try:
             return self._manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as e:
+            _remove_temp(self._manager.directory, step)
             raise UserError(f"cannot save checkpoint {CHECKPOINT_NAME}-{step}: {files.reason(e)}") from None
+
+
+def _remove_temp(train_dir: str, step: int) -> None:
+    """Deletes the shards of a save that failed (a full disk): ``ckpt-<step>_temp`` is this save's own
+    (the controller holds the LOCK), and nothing names it. Best effort: the next start's
+    ``remove_orphan_temps`` also removes it."""
+    path = files.join(train_dir, f"{CHECKPOINT_NAME}-{step}_temp")
+    try:
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+    except (tf.errors.OpError, OSError):
+        pass

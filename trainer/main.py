@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import app, flags  # noqa: E402
 
-from params import experiment  # noqa: E402
+from params import experiment, registry  # noqa: E402
 from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
 from trainer import signals, tf_startup  # noqa: E402
@@ -29,8 +29,15 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string(
     "model",
     None,
-    "Registry key of the experiment, e.g. image.digits.ConvNet, or "
-    "the full import path of an experiment class (python -m tools.list_models).",
+    "Registry key of the experiment, e.g. image.digits.ConvNet (python -m tools.list_models), or the full "
+    "import path of an experiment class in a package named by --experiment_packages. Nothing else is "
+    "imported.",
+)
+flags.DEFINE_list(
+    "experiment_packages",
+    [],
+    "Packages, besides tasks, whose modules --model may import by full path, e.g. my_pkg for "
+    "--model=my_pkg.my_exps.MyExp (also TENSORPIPE_EXPERIMENT_PACKAGES=my_pkg,other; docs/experiments.md).",
 )
 flags.DEFINE_string(
     "logdir",
@@ -116,6 +123,7 @@ def resolve_params() -> Params:
     """The frozen Params this invocation runs, from --model and every override flag."""
     if not FLAGS.model:
         raise ConfigError("--model is required (.venv/bin/python -m tools.list_models lists the experiments)")
+    registry.add_experiment_packages(FLAGS.experiment_packages)
     return experiment.resolve(
         FLAGS.model,
         gin_files=FLAGS.gin_file,
@@ -145,6 +153,9 @@ def main(argv: list[str]) -> int:
             f"--job: empty job name in {','.join(FLAGS.job)!r} (leave --job out to run all jobs)"
         )
     root = resolve_params()
+    from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
+
+    preflight.check(root, build=FLAGS.mode not in ("sync", "async"))  # what training would refuse
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
         return 0
@@ -168,6 +179,10 @@ def main(argv: list[str]) -> int:
         return cluster_jobs.run(root, FLAGS.logdir, *flags_)
     from trainer import launcher
 
+    done = preflight.finished(root, FLAGS.logdir, launcher.check_jobs(root, FLAGS.job))
+    if done:
+        print(done)
+        return 0
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
 
 
@@ -177,7 +192,7 @@ def run() -> None:
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])
     sys.stderr.reconfigure(errors="backslashreplace")  # an undecodable argument echoed in an error
     sys.stdout.reconfigure(errors="backslashreplace")
-    signals.install()
+    signals.install_for_binary("trainer", note=signals.TRAINER_NOTE)  # done by trainer/__init__.py under -m
     tf_startup.import_tensorflow()
 
     def _main(argv: list[str]) -> None:
@@ -187,8 +202,8 @@ def run() -> None:
             print(f"trainer: error: {e}", file=sys.stderr)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            print("trainer: interrupted; the last saved checkpoint is intact", file=sys.stderr)
-            sys.exit(130)
+            print(f"trainer: interrupted{signals.TRAINER_NOTE}", file=sys.stderr)
+            sys.exit(signals.INTERRUPT_EXIT_CODE)
         except signals.Terminated as e:
             print(f"trainer: {e}", file=sys.stderr)
             sys.exit(signals.EXIT_CODE)

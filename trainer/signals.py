@@ -5,16 +5,29 @@ KeyboardInterrupt: context managers release the LOCK and close files on the way 
 other jobs read is written atomically, so nothing is left half-written. Inside the training loop,
 ``deferred()`` only records the signal; the loop then saves a checkpoint at the current step and
 raises ``Terminated`` itself, so the next start resumes from that step.
+
+A job is often preempted in its first seconds, while TensorFlow imports: an exception raised inside
+an import ends in a traceback (and SIGINT's default one in exit -2). ``install_for_binary`` is
+therefore the first instruction of every binary (``trainer/__init__.py`` and ``tools/__init__.py``
+call it when run by ``python -m``): from then on a signal that arrives inside an import prints the
+binary's one line and exits at once (143 for SIGTERM, 130 for SIGINT; nothing is being written while
+modules import), one that arrives elsewhere raises as above, and an uncaught ``Terminated`` or
+KeyboardInterrupt is the same one line and exit status, never a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from types import FrameType, TracebackType
 
 EXIT_CODE = 128 + signal.SIGTERM  # the shell's status of a process ended by SIGTERM
+INTERRUPT_EXIT_CODE = 128 + signal.SIGINT  # and by SIGINT (Ctrl-C)
+TRAINER_NOTE = "; the last saved checkpoint is intact"  # ends the trainer's line for either signal
 
 
 class Terminated(BaseException):
@@ -24,13 +37,66 @@ class Terminated(BaseException):
 
 def _raise(signum: int, frame: object) -> None:
     del signum, frame
-    raise Terminated("terminated by SIGTERM; the last saved checkpoint is intact")
+    raise Terminated(f"terminated by SIGTERM{TRAINER_NOTE}")
 
 
 def install() -> None:
     """SIGTERM raises Terminated from now on (main thread only, as Python requires)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise)
+
+
+def binary_name() -> str:
+    """``export`` for ``python -m tools.export``, ``trainer`` for ``python -m trainer``."""
+    argv = getattr(sys, "orig_argv", [])
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else os.path.basename(sys.argv[0] or "python")
+    return module.rsplit(".", 1)[-1].removesuffix(".py")
+
+
+def install_for_binary(name: str | None = None, note: str = "") -> None:
+    """A binary's first instruction: SIGTERM and SIGINT give the binary's one line and exit 143 / 130
+    from here on, wherever they arrive (see the module doc). ``note`` ends both lines."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    name = name or binary_name()
+    lines = {
+        signal.SIGTERM: f"{name}: terminated by SIGTERM{note}",
+        signal.SIGINT: f"{name}: interrupted{note}",
+    }
+    stderr = os.dup(2)  # the terminal's stderr, even while tf_startup points fd 2 at /dev/null
+
+    def exit_with_line(signum: int) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(OSError):
+            os.write(stderr, (lines[signum] + "\n").encode(errors="backslashreplace"))
+        os._exit(EXIT_CODE if signum == signal.SIGTERM else INTERRUPT_EXIT_CODE)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if _in_import(frame):
+            exit_with_line(signum)  # an exception here would end in a traceback from the import
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(lines[signum].split(": ", 1)[1])
+
+    def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, (Terminated, KeyboardInterrupt)):
+            exit_with_line(signal.SIGTERM if issubclass(kind, Terminated) else signal.SIGINT)
+        sys.__excepthook__(kind, error, tb)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sys.excepthook = excepthook
+
+
+def _in_import(frame: FrameType | None) -> bool:
+    """Whether the frame runs inside an ``import`` (the interpreter's importlib is on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Flag:

@@ -1,10 +1,13 @@
-"""Every shell command in the README's (and docs/*.md's) code blocks works as written, from a clean clone.
+"""Every shell command in the code blocks of README.md and of every page under docs/ (subfolders
+included) works as written, from a clean clone; and every relative link between them resolves.
 
-How a document's blocks are run (the README's Development section says the same):
+How a document's blocks are run (docs/development.md says the same):
 
-- The files git knows (tracked, or new and not ignored) are copied to a temporary directory, as a
-  fresh clone would have them, with ``.venv`` linked to this checkout's virtualenv; every command runs
-  there with ``bash``, in document order, so later commands see what earlier ones made (``runs/...``).
+- Each document runs in a clean clone of its own: the files git knows (tracked, or new and not
+  ignored) are copied to a temporary directory, as a fresh clone would have them, with ``.venv``
+  linked to this checkout's virtualenv; every command runs there with ``bash``, in document order, so
+  later commands see what earlier ones of the same document made (``runs/...``), and nothing another
+  document made.
 - A ```` ```sh ```` block: each line is a command (a trailing ``\\`` continues it; ``#`` comment lines
   are skipped). It must exit 0.
 - A ```` ```console ```` block: ``$ command`` lines, each followed by the output the document shows.
@@ -22,6 +25,10 @@ How a document's blocks are run (the README's Development section says the same)
   ``--params_file_override`` itself (use ``--params_override``).
 
 Other blocks (plain ```` ``` ````, output excerpts, ```` ```python ```` without a marker) are not run.
+
+Links: every relative Markdown link in these documents points at a file that exists and, with a
+``#anchor``, at a heading of that file (GitHub's anchor for it); every page under docs/ is listed in
+docs/index.md.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+DOCS = REPO / "docs"
+DOCUMENTS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in DOCS.rglob("*.md"))]
 SHORT_SETTINGS = """\
 task.train.max_steps : 6
 task.train.save_interval_steps : 3
@@ -48,6 +56,8 @@ task.eval.samples_per_summary : 32
 task.decode.samples_per_summary : 32
 """
 TIMEOUT = 900
+LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+HEADING_RE = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 MARKER_RE = re.compile(r"<!--\s*readme-test:\s*(skip|file)\s*(.*?)\s*-->")
 FENCE_RE = re.compile(r"^```(\w*)\s*$")
 
@@ -207,6 +217,75 @@ def run_document(document: str, clone: Path, short: Path) -> list[str]:
                         f"{where}: {command!r} did not print {line.strip()!r}:\n{output[-3000:]}"
                     )
     return skipped
+
+
+def prose_lines(text: str, keep_code: bool = False) -> list[str]:
+    """A Markdown text's lines outside fenced blocks, with inline code spans removed unless kept."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line if keep_code else re.sub(r"(`+).*?\1", "", line))
+    return lines
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: link syntax and punctuation dropped, lower case, spaces to ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a Markdown text's headings (a repeated one gets ``-1``, ``-2``, ... as on GitHub)."""
+    seen: dict[str, int] = {}
+    result = set()
+    for line in prose_lines(text, keep_code=True):
+        match = HEADING_RE.match(line)
+        if match:
+            name = anchor(match.group(1))
+            result.add(f"{name}-{seen[name]}" if name in seen else name)
+            seen[name] = seen.get(name, 0) + 1
+    return result
+
+
+def relative_links(document: str) -> list[tuple[str, Path, str]]:
+    """(link as written, the file it names, its #anchor or "") for each relative link of a document."""
+    source = REPO / document
+    links = []
+    for line in prose_lines(source.read_text()):
+        for target in LINK_RE.findall(line):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            links.append((target, (source.parent / path).resolve() if path else source, fragment))
+    return links
+
+
+def test_every_relative_link_resolves_to_a_file_and_heading():
+    broken = []
+    for document in DOCUMENTS:
+        for target, path, fragment in relative_links(document):
+            if not path.exists():
+                broken.append(f"{document}: ({target}): no file {path.relative_to(REPO)}")
+            elif fragment and path.suffix == ".md" and fragment not in anchors(path.read_text()):
+                broken.append(f"{document}: ({target}): no heading with anchor #{fragment}")
+    assert not broken, "\n".join(broken)
+
+
+def test_docs_index_lists_every_page():
+    listed = {path for _, path, _ in relative_links("docs/index.md")}
+    pages = {page.resolve() for page in DOCS.rglob("*.md")} - {(DOCS / "index.md").resolve()}
+    missing = sorted(str(page.relative_to(REPO)) for page in pages - listed)
+    assert not missing, f"pages not listed in docs/index.md: {missing}"
+
+
+def test_anchors_follow_github():
+    text = "# A `tool`: params_diff\n```sh\n# not a heading\n```\n## Mesh or GPipe?\n## Mesh or GPipe?\n"
+    assert anchors(text) == {"a-tool-params_diff", "mesh-or-gpipe", "mesh-or-gpipe-1"}
+    assert anchor("4. Export it and serve it") == "4-export-it-and-serve-it"
+    assert anchor("The documents' commands are tests") == "the-documents-commands-are-tests"
+    assert prose_lines("see [x](a.md) and `[y](b.md)`") == ["see [x](a.md) and "]
 
 
 def test_parse_blocks_markers_and_commands():

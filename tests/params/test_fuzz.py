@@ -113,3 +113,78 @@ def test_fuzz_counts():
     print(f"fuzz inputs per parser: {_COUNTS}")
     for name in ("params_override", "params_file", "gin_param", "params_text"):
         assert _COUNTS.get(name, 0) >= EXAMPLES, _COUNTS
+
+
+# ---------------------------------------------------------------- params whose default is None
+_WRONG_TYPE_VALUES = {
+    "int": "7", "float": "1.5", "str": "'os.system'", "bool": "True", "list": "[1, 2]", "tuple": "(1,)",
+    "dict": "{'a': 1}", "dtype": "float32", "class": "type/layers.core/ProjectionLayer",
+}  # fmt: skip
+
+
+def _kind(value) -> str:
+    from params import text_format
+
+    if text_format.is_dtype(value):
+        return "dtype"
+    if isinstance(value, type):
+        return "class"
+    return type(value).__name__
+
+
+def _none_params(root: Params) -> list[str]:
+    """Every key whose value is None now (a default of None, or set so by the experiment)."""
+    return [key for key, value in root if value is None]
+
+
+def _experiment_roots() -> dict[str, Params]:
+    from params import registry
+
+    return {
+        key: experiment.build_params(registry.get(key)(), key)
+        for key in registry.all_keys()
+        if key.split(".")[0] in ("image", "lm", "mt")
+    }
+
+
+def test_every_none_param_of_every_experiment_declares_its_type():
+    """Without a declared type a None param would take any value (issue: 'os.system' as a seed)."""
+    missing = [
+        f"{name}: {key}"
+        for name, root in _experiment_roots().items()
+        for key in _none_params(root)
+        if not root.declared_kinds(key)
+    ]
+    assert not missing, missing
+
+
+def test_none_params_refuse_values_of_every_wrong_type():
+    """Each None param of each experiment, set from text to a value of each type: refused with one
+    line naming the key, unless the value is of a kind the param declares."""
+    accepted = 0
+    for name, root in _experiment_roots().items():
+        for key in _none_params(root):
+            kinds = root.declared_kinds(key)
+            for text in _WRONG_TYPE_VALUES.values():
+                tree = root.copy()
+                try:
+                    tree.from_text(f"{key} : {text}")
+                except ConfigError as e:
+                    assert "\n" not in str(e) and key in str(e), (name, key, text, str(e))
+                    continue
+                assert _kind(tree.get(key)) in kinds or (kinds == ("float",) and text == "7"), (
+                    name,
+                    key,
+                    text,
+                )
+                accepted += 1
+    assert accepted > 0  # the right kinds do pass
+
+
+@pytest.mark.parametrize("value", ["'os.system'", "1.5", "'abc'", "[301]", "True", "{'a': 1}", "float32"])
+def test_every_input_refuses_a_shuffle_seed_that_is_not_an_int(value):
+    for root in _experiment_roots().values():
+        for dataset in root.input.names():
+            with pytest.raises(ConfigError, match=f"input.{dataset}.shuffle_seed"):
+                root.copy().from_text(f"input.{dataset}.shuffle_seed : {value}")
+        gin.clear_config()

@@ -186,3 +186,19 @@ def test_bad_model_keys_are_one_line(model):
     with pytest.raises(ConfigError, match="unknown model") as e:
         registry.get(model)
     assert len(str(e.value)) < 400
+
+
+def test_model_names_import_only_from_experiment_packages(canary, tmp_path, monkeypatch):
+    """A full path outside tasks imports nothing; the documented opt-in makes it importable."""
+    with pytest.raises(ConfigError, match="--experiment_packages=tp_hardening_canary"):
+        registry.get(f"{CANARY}.Thing")
+    (tmp_path / "tp_optin_exps.py").write_text(
+        "from params.experiment import Experiment\nclass Exp(Experiment):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown model 'tp_optin_exps.Exp'"):
+        registry.get("tp_optin_exps.Exp")
+    assert "tp_optin_exps" not in sys.modules
+    monkeypatch.setenv(registry.PACKAGES_ENV, "tests,tp_optin_exps")
+    assert registry.get("tp_optin_exps.Exp").__module__ == "tp_optin_exps"
+    monkeypatch.delitem(sys.modules, "tp_optin_exps")

@@ -1,6 +1,7 @@
 """The text format: round trips of random nested Params, and refusal of anything but literals."""
 
 import math
+import warnings
 
 import pytest
 import tensorflow as tf
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from params import text_format
+from params.errors import ConfigError
 from params.hyperparams import Params
 
 _names = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
@@ -103,3 +105,20 @@ def test_parser_reads_every_literal_kind():
 def test_format_then_parse_is_identity_for_tricky_strings():
     for s in ["", "it's", 'say "hi"', "back\\slash", "new\nline", "tab\t", "ünïcode", "a : b ; c"]:
         assert text_format.parse_value(text_format.format_value(s)) == s
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("type/os/system", "not part of this project"),
+        ("", "empty value"),
+        ("   ", "empty value"),
+        (r"'\d'", r"invalid escape sequence '\\d' \(a backslash itself is written"),
+        (r"'\777'", r"invalid octal escape sequence '\\777'"),
+    ],
+)
+def test_parse_value_raises_config_error_never_a_warning(text, match):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a DeprecationWarning would fail here instead
+        with pytest.raises(ConfigError, match=match):
+            text_format.parse_value(text)

@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = "--model=tests.params.fake_experiments.TinyExp"
 
 
-def run_trainer(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_trainer(*args: str, cwd: Path = ROOT, path: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + (f"{os.pathsep}{path}" if path else ""))
     return subprocess.run(
         [sys.executable, "-m", "trainer", *args],
         cwd=cwd,
@@ -75,3 +75,17 @@ def test_help_describes_the_flags():
     assert result.returncode == 0
     for flag in ("--model", "--logdir", "--mode", "--job", "--params_override", "--gin_param"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("model", ["this.s", "drillcanary.X"])
+def test_model_imports_nothing_outside_the_experiment_packages(tmp_path, model):
+    """`this` prints the Zen of Python when imported; the canary module writes a file."""
+    marker = tmp_path / "imported"
+    (tmp_path / "drillcanary.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass X: pass\n")
+    result = run_trainer(f"--model={model}", "--mode=inspect_params", path=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Beautiful is better" not in result.stdout + result.stderr
+    assert not marker.exists()
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    package = model.split(".")[0]
+    assert f"unknown model {model!r}" in line and f"--experiment_packages={package}" in line

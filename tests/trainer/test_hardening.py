@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -193,3 +194,129 @@ def test_full_disk_keeps_the_last_checkpoint_and_the_rerun_works(tmp_path, data_
         assert not list((logdir / "train").glob("*_temp"))
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def _signalled(command: list[str], signum: int, after: float) -> subprocess.CompletedProcess:
+    """Runs ``command`` and sends ``signum`` ``after`` seconds after launch. A process the signal
+    stopped before its first Python instruction (status -signum, or Python's own "Fatal Python
+    error" or "Could not import runpy module": no program can answer that early, and on a loaded
+    machine the interpreter alone can take 0.2 s) is launched again, up to 5 times, then the test
+    is skipped."""
+    for _ in range(5):
+        proc = subprocess.Popen(
+            command,
+            cwd=runner.REPO,
+            env=runner._env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(after)
+            proc.send_signal(signum)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        python_stopped = "Fatal Python error" in err or "Could not import runpy module" in err
+        if proc.returncode != -signum and not python_stopped:
+            return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    pytest.skip(f"{command[2]}: the interpreter had not started {after} s after launch in 5 tries (load)")
+
+
+_SIGNALS = [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+
+
+@pytest.mark.parametrize("after", [0.2, 1.0, 3.0])
+@pytest.mark.parametrize("signum, code, words", _SIGNALS, ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_start_up_is_one_line(tmp_path, signum, code, words, after):
+    """Preemption often comes in the first seconds, while TensorFlow imports."""
+    command = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--model=image.digits.ConvNet",
+        f"--logdir={tmp_path / 'run'}",
+    ]
+    result = _signalled(command, signum, after)
+    assert result.returncode == code, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [f"trainer: {words}; the last saved checkpoint is intact"]
+
+
+@pytest.mark.parametrize("signum, code, words", _SIGNALS, ids=["SIGTERM", "SIGINT"])
+def test_local_cluster_forwards_a_signal_and_says_so_once(tmp_path, signum, code, words):
+    """Its own stderr is one line; each process's line comes on stdout with the process's prefix."""
+    command = [sys.executable, "-m", "tools.local_cluster", "--workers=2", "--model=image.digits.ConvNet"]
+    result = _signalled([*command, f"--logdir={tmp_path / 'run'}"], signum, 3.0)
+    assert result.returncode == code, result.stderr[-3000:]
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"local_cluster: {words}")
+
+
+_TOOLS = [
+    ("export", "--logdir=/nonexistent"),
+    ("predict", "--export_dir=/nonexistent"),
+    ("params_diff", "image.digits.ConvNet", "image.digits.WideConvNet"),
+    ("list_models",),
+    ("checkpoint_state", "--logdir=/nonexistent"),
+    ("memory_trace", "--help"),
+    ("benchmark", "--help"),
+]  # fmt: skip (every tool that imports TensorFlow; pipeline_sim is plain Python and done in 1 s)
+
+
+@pytest.mark.parametrize("signum, code, words", _SIGNALS, ids=["SIGTERM", "SIGINT"])
+def test_every_tool_says_one_line_for_a_signal_during_start_up(signum, code, words):
+    """Each tool signalled 1 s after launch, while it imports TensorFlow."""
+    for tool, *args in _TOOLS:
+        result = _signalled([sys.executable, "-m", f"tools.{tool}", *args], signum, 1.0)
+        assert (result.returncode, result.stderr.splitlines()) == (code, [f"{tool}: {words}"]), (
+            tool,
+            result.stdout[-500:],
+            result.stderr[-2000:],
+        )
+
+
+def test_a_failed_save_leaves_no_temp_directory(tmp_path):
+    """A write the kernel refuses (the file size limit: EFBIG, as a full disk gives ENOSPC) during a
+    real save; the save's shards directory goes with it, the earlier checkpoint stays."""
+    import resource
+
+    import tensorflow as tf
+
+    from params.errors import UserError
+    from trainer import checkpointer
+
+    weights = tf.Variable(tf.zeros([256, 1024]))
+    saver = checkpointer.Checkpointer(str(tmp_path), 5, weights=weights)
+    saver.save(1)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(UserError, match="cannot save checkpoint ckpt-2: .*File too large"):
+            saver.save(2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert not list(tmp_path.glob("*_temp")), sorted(p.name for p in tmp_path.iterdir())
+    assert [step for step, _ in checkpointer.list_checkpoints(str(tmp_path))] == [1]
+
+
+def _tree(logdir):
+    return {str(p.relative_to(logdir)): p.stat().st_mtime_ns for p in sorted(logdir.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_a_finished_run_asked_again_says_so_and_writes_nothing(tmp_path, data_dir):
+    logdir = tmp_path / "run"
+    override = "task.train.max_steps : 20; task.train.save_interval_steps : 10"
+    first = runner.run(logdir, data_dir, override=override)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _tree(logdir)
+    again = runner.run(logdir, data_dir, override=override)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == [
+        f"trainer: {logdir} holds a finished run (checkpoint at step 20, task.train.max_steps 20; every "
+        "job done): nothing to do, nothing written (raise task.train.max_steps to continue it)"
+    ]
+    assert _tree(logdir) == before  # no new events file, nothing touched

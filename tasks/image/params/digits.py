@@ -179,7 +179,7 @@ class LocalConvNet(ConvNet):
     Block k < K-1 ends in an aux head (global average pool + softmax); the last block's loss is the
     task's. ``window`` / ``stride`` as in LocalParallelLayer (greedy 1/1, overlapping 2/1); chunked:
     fewer blocks than conv layers (``num_layers = 4, num_blocks = 2``). Training is pipelined: block
-    k works on the batch block k-1 saw the step before. Accuracies: README, "Local parallelism".
+    k works on the batch block k-1 saw the step before. Accuracies: docs/parallelism/local.md.
     """
 
     def __init__(

@@ -85,7 +85,7 @@ class GPipeTransformerLM(TransformerLM):
     4 min 15 s for the whole run): dev log_pplx 1.201 at the default 1000 steps, 6.8% above H. Its
     training loss stays within 2e-4 of the unpipelined model's (``GPipeTransformerLM.num_stages = 1``,
     ``num_micro_batches = 1``); on a CPU host the unpipelined model is at least as fast, since TF
-    already spreads one device's ops over both cores (README, "Pipelining a model with GPipe").
+    already spreads one device's ops over both cores (docs/parallelism/gpipe.md).
     """
 
     def __init__(
@@ -134,8 +134,8 @@ class LocalTransformerLM(TransformerLM):
 
     ``window`` / ``stride`` as in LocalParallelLayer (greedy 1/1, overlapping 2/1); chunked: fewer
     blocks than layers. ``num_blocks = 1`` is the same model trained with backprop (the baseline of
-    README's table). Untied softmax; no gradient clipping (a global norm would couple the blocks'
-    steps); no decoder job. Log-perplexities: README, "Local parallelism".
+    the table in docs/parallelism/local.md, which has the log-perplexities). Untied softmax; no
+    gradient clipping (a global norm would couple the blocks' steps); no decoder job.
     """
 
     def __init__(
@@ -193,7 +193,7 @@ class MeshTransformerLM(TransformerLM):
     ``data`` and the feed-forward hidden units, attention heads and the (tied) vocabulary over
     ``model``; q/k/v use separate projections so the heads split whole (the vocabulary, 32 states + 4
     special tokens = 36, divides by a model axis of 2 or 4). Evaluation and decoding run unsharded
-    from the plain checkpoints (README, "Sharding over a mesh"). Measured through the trainer (2 CPU
+    from the plain checkpoints (docs/parallelism/mesh.md). Measured through the trainer (2 CPU
     cores shared with other jobs, load average 11 to 15; 4 min for the whole run): dev log_pplx 1.205
     at the default 1000 steps (TransformerLM: 1.204), a gap of 0.012 nats to the achievable value.
     """
