@@ -73,6 +73,24 @@ class BaseInput:
     def params(self) -> Params:
         return self._params
 
+    def shuffle_buffer(self) -> int:
+        """Elements of ``examples()`` the shuffle holds (default: ``shuffle_buffer_size``)."""
+        return self.params.shuffle_buffer_size
+
+    def inspect(self) -> str:
+        """What ``--mode=inspect_datasets`` shows of the data beside the Params (default: nothing)."""
+        return ""
+
+    def files_to_keep(self) -> list[str]:
+        """Files the run needs that its checkpoints do not hold; the trainer copies them into the logdir
+        beside params.txt (``tools.export`` uses the copy when the original has moved). Default: the
+        model file of a ``vocab`` whose type is sentencepiece."""
+        p = self.params
+        vocab = p.get("vocab") if "vocab" in p else None
+        if isinstance(vocab, Params) and "type" in vocab and vocab.type == "sentencepiece" and vocab.file:
+            return [vocab.file]
+        return []
+
     def examples(self) -> tf.data.Dataset:
         """One example (a dict of tensors) per element, in a deterministic order (by default the rows
         of ``in_memory()``)."""
@@ -107,20 +125,23 @@ class BaseInput:
         if p.num_samples:
             ds = ds.take(p.num_samples)
         if p.shuffle_seed is not None:
-            ds = ds.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(self.shuffle_buffer(), seed=p.shuffle_seed, reshuffle_each_iteration=True)
         if p.repeat:
             ds = ds.repeat()
         if count > 1:
             ds = ds.shard(count, index)
-        batch_size = p.batch_size // count
-        if _has_unknown_dims(ds.element_spec):
-            ds = ds.padded_batch(batch_size, drop_remainder=p.drop_remainder)
-        else:
-            ds = ds.batch(batch_size, drop_remainder=p.drop_remainder)
+        ds = self.batch(ds, p.batch_size // count)
         if arrays:
             tensors = {name: tf.constant(value) for name, value in arrays.items()}
             ds = ds.map(lambda rows: {name: tf.gather(t, rows) for name, t in tensors.items()})
         return ds.prefetch(2)
+
+    def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+        """Examples -> batches of ``batch_size`` (this worker's share): padded to the longest in the
+        batch where a dimension's size is unknown. A subclass may batch otherwise (by length buckets)."""
+        if _has_unknown_dims(ds.element_spec):
+            return ds.padded_batch(batch_size, drop_remainder=self.params.drop_remainder)
+        return ds.batch(batch_size, drop_remainder=self.params.drop_remainder)
 
 
 def _has_unknown_dims(element_spec: object) -> bool:

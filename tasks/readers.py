@@ -9,6 +9,7 @@ naming it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import tensorflow as tf
 
@@ -35,6 +36,14 @@ def list_files(file_pattern: str, what: str = "file_pattern") -> list[str]:
             raise UserError(f"{what} {pattern!r} matches no file")
         files.extend(matched)
     return sorted(set(files))
+
+
+def file_lines(files: list[str]) -> Iterator[str]:
+    """Each line of ``files`` (any tf.io.gfile path), in order, without its newline."""
+    for path in files:
+        with tf.io.gfile.GFile(path, "r") as f:
+            for line in f:
+                yield line.rstrip("\r\n")
 
 
 def parse_feature_spec(name: str, spec: str) -> tuple[tf.io.FixedLenFeature | tf.io.VarLenFeature, tf.DType]:

@@ -44,7 +44,9 @@ def ensure_venv() -> Path:
     print("dev: installing pinned dependencies from requirements.lock (about a minute)", flush=True)
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "install", "-r", str(LOCK)], check=True)
+    # --no-deps: the lock pins the whole tree, and tensorflow-text would otherwise pull `tensorflow`
+    # beside tensorflow_cpu (two TensorFlows in one site-packages).
+    subprocess.run([*pip, "install", "--no-deps", "-r", str(LOCK)], check=True)
     STAMP.write_text(digest + "\n")
     return python
 

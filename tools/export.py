@@ -116,9 +116,11 @@ def export(
     import tensorflow as tf
 
     from params import experiment
+    from tasks.lm import sentencepiece_vocab
     from trainer import checkpointer, files
 
     root = read_run_params(logdir)
+    sentencepiece_vocab.use_kept_copies(root, logdir)  # a vocabulary moved since: the run's own copy
     step, path = pick_checkpoint(files.join(logdir, "train"), checkpoint)
     dataset = pick_dataset(root, dataset)
     task_params = single_device(experiment.task_params_for(root, dataset))

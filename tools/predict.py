@@ -8,7 +8,8 @@
 ``--input`` is a ``.npy`` batch (for a signature with one tensor input), a ``.npz`` of named batches (one
 per input), or a text file whose lines are the batch of a signature's one string input (``-``: stdin).
 Prints one JSON line per example: each output's row (strings as text). Uses only TensorFlow's own
-``tf.saved_model.load``: what any other program serving the export would do.
+``tf.saved_model.load`` (after ``import tensorflow_text``, whose ops a SentencePiece model's export
+holds): what any other program serving the export would do.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def predict(export_dir: str, inputs_path: str, signature: str = "serving_default
     """One record per example: {output name: its row, as JSON-able values}."""
     import tensorflow as tf
 
+    try:
+        import tensorflow_text  # noqa: F401 (registers the SentencePiece ops of a subword model's export)
+    except ImportError:
+        pass
     try:
         model = tf.saved_model.load(export_dir)
     except (OSError, tf.errors.OpError) as e:

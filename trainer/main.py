@@ -147,12 +147,13 @@ def resolve_params() -> Params:
 
 
 def inspect_datasets(root: Params) -> str:
-    """Each data set, the jobs that read it, and its input Params."""
+    """Each data set, the jobs that read it, its input Params and what its input shows of its data."""
     blocks = []
     for name in root.input.names():
         jobs = "trainer" if name == "train" else f"evaler_{name}, decoder_{name}"
         body = "".join(f"  {line}\n" for line in root.input.get(name).to_text().splitlines())
-        blocks.append(f"{name} (jobs: {jobs})\n{body}")
+        data = root.input.get(name).instantiate().inspect()  # e.g. decoded examples, lengths
+        blocks.append(f"{name} (jobs: {jobs})\n{body}{data}")
     return "\n".join(blocks)
 
 

@@ -17,6 +17,7 @@ iterator: a worker's input position is a function of the global step, restored b
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -115,6 +116,9 @@ class TrainLoop:
         if restored:
             self._log(f"trainer: resumed from {restored} at step {self.step}")
         params_changed = logdir_guard.write_params(self.logdir, params_text, self.step)
+        for path in self.step_fn.input.files_to_keep():  # e.g. a SentencePiece model: the run's copy
+            if (kept := files.join(self.logdir, os.path.basename(path))) != path:
+                tf.io.gfile.copy(path, kept, overwrite=True)
         files.write_text_atomic(
             files.join(self.logdir, "model_analysis.txt"),
             model_analysis.model_analysis(self.step_fn.task, self.step_fn.learner),

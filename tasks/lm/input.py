@@ -9,11 +9,15 @@ log-perplexity is from the best achievable one.
 
 from __future__ import annotations
 
+import collections
+import os
+
 import numpy as np
 import tensorflow as tf
 
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
+from tasks import packing
 from tasks.base_input import BaseInput
 from tasks.lm import markov, vocabulary
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, Vocabulary
@@ -117,3 +121,192 @@ class TextLmInput(BaseInput):
 
     def examples(self) -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices(self.arrays())
+
+
+BATCHINGS = ("pack", "bucket", "pad")
+FILE_FORMATS = ("auto", "text", "tfrecord")
+
+
+class CorpusLmInput(BaseInput):
+    """A corpus of many files for a LM: text lines or TFRecord shards (``python -m tools.make_shards``),
+    tokenized in the graph by a SentencePiece model, then packed, bucketed or padded.
+
+    Files (``file_pattern``: globs separated by commas, any tf.io.gfile path) are read in parallel,
+    ``num_parallel_reads`` at a time, interleaved in a fixed order; lines are shuffled in a buffer of
+    ``shuffle_buffer_size`` (with ``shuffle_seed``), tokenized, and each becomes one sequence: ids =
+    BOS + pieces, labels = pieces + EOS (cut to ``seq_length``). ``batching``: ``pack`` (several
+    sequences per row with ``segment_ids`` and ``segment_pos``, see ``tasks.packing``), ``bucket``
+    (rows of similar length, padded to their batch's longest; one process only) or ``pad`` (one
+    sequence per row of ``seq_length``). Every stage is a native tf.data op: the iterator's position is
+    saved in checkpoints. Sync workers share rows by ``BaseInput.shard`` (pack and pad).
+    """
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:
+        p = super().Params()
+        p.define("file_pattern", "", "Text files or TFRecord shards: globs separated by commas.")
+        p.define(
+            "file_format",
+            "auto",
+            "text (one sentence per line), tfrecord (tf.train.Examples) or auto (tfrecord when every "
+            "file's name has '.tfrecord' in it, else text).",
+        )
+        p.define("text_feature", "text", "tfrecord: the bytes feature holding the sentence.")
+        p.define("num_parallel_reads", 4, "Files read at once (interleaved in a fixed order).")
+        p.define("vocab", vocabulary.vocab_params(type="sentencepiece"), "A sentencepiece vocabulary.")
+        p.define("seq_length", 128, "Positions per row (longer sentences are cut).")
+        p.define("batching", "pack", "pack, bucket or pad (see the class doc).")
+        p.define("open_rows", 8, "pack: rows being filled at once (first fit).")
+        p.define("bucket_boundaries", [16, 32, 64], "bucket: sequence lengths where buckets split.")
+        p.define(
+            "row_shuffle_buffer_size",
+            64,
+            "Rows (packed or not) shuffled again after the sentences' shuffle (shuffle_buffer_size "
+            "sentences). Small: a buffer holding a whole epoch of rows stalls the step at each epoch.",
+        )
+        return p
+
+    def shuffle_buffer(self) -> int:
+        return self.params.row_shuffle_buffer_size
+
+    def __init__(self, params: InstantiableParams) -> None:
+        super().__init__(params)
+        p = self.params
+        for name in ("seq_length", "num_parallel_reads", "open_rows", "row_shuffle_buffer_size"):
+            _check_positive(p, name)
+        if p.batching not in BATCHINGS:
+            raise ConfigError(
+                f"input {p.name!r}: batching must be one of {', '.join(BATCHINGS)}, got {p.batching!r}"
+            )
+        if p.file_format not in FILE_FORMATS:
+            raise ConfigError(
+                f"input {p.name!r}: file_format must be one of {', '.join(FILE_FORMATS)}, "
+                f"got {p.file_format!r}"
+            )
+        if p.vocab.type != "sentencepiece":
+            raise ConfigError(f"input {p.name!r}: CorpusLmInput needs vocab.type = 'sentencepiece'")
+
+    def shard(self, index: int, count: int) -> None:
+        if self.params.batching == "bucket" and count > 1:
+            raise ConfigError(f"input {self.params.name!r}: batching 'bucket' cannot be sharded (use pack)")
+        super().shard(index, count)
+
+    def lines(self) -> tf.data.Dataset:
+        """The sentences of every file, interleaved in a fixed order."""
+        from tasks.readers import list_files
+
+        p = self.params
+        files = list_files(p.file_pattern, f"input {p.name!r}: file_pattern")
+        fmt = p.file_format
+        if fmt == "auto":
+            fmt = "tfrecord" if all(".tfrecord" in os.path.basename(f) for f in files) else "text"
+        if fmt == "text":
+            read = tf.data.TextLineDataset
+        else:
+            feature = {p.text_feature: tf.io.FixedLenFeature([], tf.string)}
+
+            def read(path):
+                records = tf.data.TFRecordDataset(path)
+                return records.map(lambda r: tf.io.parse_single_example(r, feature)[p.text_feature])
+
+        names = tf.data.Dataset.from_tensor_slices(files)
+        cycle = min(len(files), p.num_parallel_reads)
+        lines = names.interleave(read, cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
+        return lines.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+
+    def sequences(self) -> tf.data.Dataset:
+        """One ``{ids, labels}`` of variable length per sentence (after the line shuffle)."""
+        import tensorflow_text as tf_text
+
+        from tasks.lm.sentencepiece_vocab import read_model
+
+        p = self.params
+        vocab = Vocabulary.from_params(p.vocab)  # checks the model and its size
+        del vocab
+        tokenizer = tf_text.SentencepieceTokenizer(model=read_model(p.vocab.file), out_type=tf.int32)
+        lines = self.lines()
+        if p.shuffle_seed is not None:
+            lines = lines.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
+        # Sequential: the tokenizer holds a resource, and with op determinism on (cluster.configure)
+        # tf.data would rewrite a parallel map of it into this anyway (warning about it on stderr).
+        pieces = lines.batch(256).map(tokenizer.tokenize).unbatch()
+        cut = p.seq_length - 1
+        return pieces.map(
+            lambda t: {
+                "ids": tf.concat([[BOS_ID], t[:cut]], 0),
+                "labels": tf.concat([t[:cut], [EOS_ID]], 0),
+            }
+        )
+
+    def examples(self) -> tf.data.Dataset:
+        p = self.params
+        seqs = self.sequences()
+        if p.batching == "pack":
+            ds = packing.pack(seqs, ("ids", "labels"), p.seq_length, p.open_rows)
+        elif p.batching == "bucket":
+            ds = seqs.map(lambda ex: {**ex, "paddings": tf.zeros_like(ex["ids"], tf.float32)})
+        else:
+            ds = seqs.map(lambda ex: _pad_to(ex, p.seq_length))
+        # The same graph in every process, op determinism on (the trainer) or off (a tool reading a
+        # checkpoint's iterator): tf.data would otherwise parallelize these maps only in the latter,
+        # and a saved iterator restores only into the graph that saved it.
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = False
+        return ds.with_options(options)
+
+    def inspect(self, num_examples: int = 3, max_sentences: int = 20000) -> str:
+        """A few decoded sentences, the packing efficiency and the token-length histogram of (up to
+        ``max_sentences`` of) one pass over the files, in file order."""
+        p = self.params
+        vocab = Vocabulary.from_params(p.vocab)
+        unshuffled = CorpusLmInput(p.copy().set(shuffle_seed=None, batching="pad"))
+        lengths = [
+            int(n) for n in unshuffled.sequences().take(max_sentences).map(lambda ex: tf.size(ex["ids"]))
+        ]
+        lines = [f"examples (first {num_examples}, decoded):"]
+        for ex in unshuffled.sequences().take(num_examples):
+            lines.append(f"  {vocab.decode(ex['labels'].numpy())!r} ({len(ex['ids'])} tokens)")
+        packed = CorpusLmInput(p.copy().set(shuffle_seed=None, batching="pack"))
+        paddings = [r["paddings"].numpy() for r in packed.examples().take(max_sentences)]
+        slots = sum(len(x) for x in paddings)
+        real = sum(int((x == 0).sum()) for x in paddings)
+        pad_slots = len(lengths) * p.seq_length
+        lines.append(
+            f"packing efficiency (real tokens / slots): {real / max(1, slots):.3f} packed "
+            f"({len(paddings)} rows of {p.seq_length}); {sum(lengths) / max(1, pad_slots):.3f} one per row"
+        )
+        lines.append(
+            f"token lengths of {len(lengths)} sentences (BOS or EOS included, cut at {p.seq_length}):"
+        )
+        lines += ["  " + line for line in _histogram(lengths)]
+        return "\n".join(lines) + "\n"
+
+    def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+        p = self.params
+        if p.batching != "bucket":
+            return super().batch(ds, batch_size)
+        ds = packing.bucket(ds, "ids", list(p.bucket_boundaries), batch_size, p.drop_remainder)
+        # bucket_by_sequence_length pads paddings with 0.0: mark the padded positions as padding.
+        return ds.map(lambda b: {**b, "paddings": tf.cast(tf.equal(b["ids"], PAD_ID), tf.float32)})
+
+
+def _histogram(values: list[int], bins: int = 8, width: int = 40) -> list[str]:
+    """Text bars of ``values`` in ``bins`` equal ranges."""
+    if not values:
+        return ["(none)"]
+    low, high = min(values), max(values)
+    step = max(1, -(-(high - low + 1) // bins))
+    counts = collections.Counter((v - low) // step for v in values)
+    top = max(counts.values())
+    out = []
+    for b in range(-(-(high - low + 1) // step)):
+        lo, n = low + b * step, counts.get(b, 0)
+        out.append(f"{lo:5d}-{lo + step - 1:<5d} {n:7d} {'#' * round(width * n / top)}")
+    return out
+
+
+def _pad_to(example: dict[str, tf.Tensor], length: int) -> dict[str, tf.Tensor]:
+    n = tf.shape(example["ids"])[0]
+    out = {k: tf.ensure_shape(tf.pad(v, [[0, length - n]]), [length]) for k, v in example.items()}
+    out["paddings"] = tf.cast(tf.range(length) >= n, tf.float32)
+    return out

@@ -121,21 +121,34 @@ class TransformerLmTask(BaseTask):
             min(p.prompt_length, int(max_length) - 1) if isinstance(max_length, int) else p.prompt_length
         )
         batch_size = tf.shape(labels)[0]
-        make_step = tfm.cached_step_fn if p.use_cache else tfm.full_prefix_step_fn
+        hyp_ids = self._greedy(ctx, labels[:, :prompt_length], None, batch_size, max_length)
+        return {
+            "labels": labels,
+            "paddings": batch["paddings"],
+            "hyp_ids": hyp_ids,
+            "prompt_length": tf.fill([batch_size], tf.constant(prompt_length, tf.int32)),
+        }
+
+    def _greedy(
+        self,
+        ctx: FPropContext,
+        prompt: tf.Tensor,
+        prompt_lengths: tf.Tensor | None,
+        batch_size: tf.Tensor,
+        max_length: int | tf.Tensor,
+    ) -> tf.Tensor:
+        """``[batch, max_length]`` ids: each row's prompt (its first ``prompt_lengths`` ids, default
+        all of ``prompt``), then the model's greedy continuation up to EOS."""
+        make_step = tfm.cached_step_fn if self.params.decode.use_cache else tfm.full_prefix_step_fn
         step = make_step(ctx, self.emb, self.stack, lambda y: self.logits(ctx, y))
-        if prompt_length > 0:
-            step = _force_prefix(step, labels[:, :prompt_length], self.params.vocab.size)
-        if p.use_cache:
+        if prompt.shape[1] != 0:
+            step = _force_prefix(step, prompt, self.params.vocab.size, prompt_lengths)
+        if self.params.decode.use_cache:
             state = tfm.init_cached_state(self.stack, batch_size, max_length)
         else:
             state = tfm.init_full_prefix_state(batch_size, max_length)
         out = beam_search.greedy_search(step, state, batch_size, max_length, BOS_ID, EOS_ID, PAD_ID)
-        return {
-            "labels": labels,
-            "paddings": batch["paddings"],
-            "hyp_ids": out["ids"],
-            "prompt_length": tf.fill([batch_size], tf.constant(prompt_length, tf.int32)),
-        }
+        return out["ids"]
 
     def create_decoder_metrics(self) -> dict[str, DecoderMetric]:
         return {"continuation_accuracy": AverageMetric()}
@@ -167,13 +180,15 @@ class TransformerLmTask(BaseTask):
         """``serving_default``: ``ids [batch, n]`` (BOS then tokens) and ``paddings`` -> ``log_probs``
         ``[batch, n, vocab]`` of the next token at each position. ``greedy_continuation``: ``prompt
         [batch, decode.prompt_length]`` token ids -> ``ids [batch, length]``, the prompt then the greedy
-        continuation (as the decoder job continues it) and ``text``, that continuation as text."""
+        continuation (as the decoder job continues it) and ``text``, that continuation as text. With a
+        SentencePiece vocabulary also ``generate``: ``text [batch]`` prompts (raw strings, tokenized in
+        the graph) -> ``text``, each greedy continuation as a string, and ``ids``."""
         from tasks.lm import serving
 
         p = self.params.decode
         length = p.max_length or input_generator.dataset().element_spec["labels"].shape[1]
         prompt_length = min(p.prompt_length, length - 1)
-        self._codec = serving.TextCodec(self.vocabulary, self.params.vocab.size)
+        self._codec = serving.text_codec(self.vocabulary, self.params.vocab.size)
         ctx = FPropContext(training=False, seed=self.params.random_seed)
         ids_spec = tf.TensorSpec([None, None], tf.int32, name="ids")
 
@@ -189,19 +204,36 @@ class TransformerLmTask(BaseTask):
             out = self.decode(ctx, {"labels": labels, "paddings": tf.zeros([rows, length], tf.float32)})
             return {"ids": out["hyp_ids"], "text": self._codec.decode(out["hyp_ids"][:, prompt_length:])}
 
-        return {"serving_default": log_probs, "greedy_continuation": greedy_continuation}
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def generate(text: tf.Tensor) -> dict[str, tf.Tensor]:
+            pieces = self._codec.pieces(text)[:, : length - 1]
+            lengths = tf.cast(pieces.row_lengths(), tf.int32)
+            prompt = pieces.to_tensor(default_value=PAD_ID, shape=[None, length - 1])
+            ids = self._greedy(ctx, prompt, lengths, tf.shape(text)[0], length)
+            continuation = tf.where(tf.range(length)[None, :] < lengths[:, None], PAD_ID, ids)
+            return {"ids": ids, "text": self._codec.decode(continuation)}
+
+        functions = {"serving_default": log_probs, "greedy_continuation": greedy_continuation}
+        if hasattr(self._codec, "pieces"):  # a subword vocabulary: raw text in, text out
+            functions["generate"] = generate
+        return functions
 
 
-def _force_prefix(step: beam_search.StepFn, forced: tf.Tensor, vocab_size: int) -> beam_search.StepFn:
-    """Wraps a step function so that for ``t < forced.shape[1]`` it emits ``forced[:, t]`` (the model
-    still runs, filling its cache) and afterwards lets the model choose."""
+def _force_prefix(
+    step: beam_search.StepFn, forced: tf.Tensor, vocab_size: int, lengths: tf.Tensor | None = None
+) -> beam_search.StepFn:
+    """Wraps a step function so that for ``t < lengths`` (default: ``forced.shape[1]``, every row) it
+    emits ``forced[:, t]`` (the model still runs, filling its cache) and afterwards lets the model
+    choose."""
     prompt_length = forced.shape[1]
 
     def forcing_step(ids: tf.Tensor, time_step: tf.Tensor, state: Any) -> tuple[tf.Tensor, Any]:
         log_probs, state = step(ids, time_step, state)
         token = tf.gather(forced, tf.minimum(time_step, prompt_length - 1), axis=1)
         one_hot = tf.one_hot(token, vocab_size, on_value=0.0, off_value=beam_search.NEG_INF)
-        return tf.where(time_step < prompt_length, one_hot, log_probs), state
+        if lengths is None:
+            return tf.where(time_step < prompt_length, one_hot, log_probs), state
+        return tf.where((time_step < lengths)[:, None], one_hot, log_probs), state
 
     return forcing_step
 

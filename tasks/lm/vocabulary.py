@@ -1,8 +1,10 @@
 """Token vocabularies shared by the LM and MT tasks: special ids, symbol vocabularies for synthetic
-data, and word- or character-level vocabularies built from a user's training file.
+data, word- or character-level vocabularies built from a user's training file, and SentencePiece
+subword models (``vocab.type = 'sentencepiece'``, trained by ``python -m tools.vocab``).
 
-Ids 0..3 are always ``<pad>``, ``<s>`` (BOS), ``</s>`` (EOS) and ``<unk>``; real tokens follow, most
-frequent first (ties broken alphabetically, so a file always gives the same vocabulary).
+Ids 0..3 are always ``<pad>``, ``<s>`` (BOS), ``</s>`` (EOS) and ``<unk>``; real tokens follow (built
+vocabularies: most frequent first, ties broken alphabetically, so a file always gives the same
+vocabulary; SentencePiece models are trained with these four ids, see ``tools.vocab``).
 """
 
 from __future__ import annotations
@@ -19,19 +21,29 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 LEVELS = ("word", "char")
+TYPES = ("built", "sentencepiece")
 
 
-def vocab_params(size: int = 0, file: str = "", level: str = "word") -> Params:
+def vocab_params(size: int = 0, file: str = "", level: str = "word", type: str = "built") -> Params:  # noqa: A002
     """How a task and its inputs map tokens to ids (the same Params on both sides)."""
     p = Params()
     p.define("size", size, "Number of ids, the 4 specials included (the model's vocabulary size).")
     p.define(
+        "type",
+        type,
+        "built: the size-4 most frequent words or characters of file (per level); sentencepiece: "
+        "file is a SentencePiece .model (python -m tools.vocab), size its number of pieces.",
+    )
+    p.define(
         "file",
         file,
-        "Training text the vocabulary is built from (its size-4 most frequent tokens; the rest are "
-        "<unk>); several files separated by commas. Empty: synthetic symbols named 0, 1, 2, ...",
+        "built: training text the vocabulary is built from (its size-4 most frequent tokens; the rest "
+        "are <unk>); several files separated by commas. Empty: synthetic symbols named 0, 1, 2, ... "
+        "sentencepiece: the .model file (any tf.io.gfile path).",
     )
-    p.define("level", level, "word (split on whitespace) or char (every character; a space is a token).")
+    p.define(
+        "level", level, "built: word (split on whitespace) or char (every character; a space is a token)."
+    )
     return p
 
 
@@ -79,6 +91,13 @@ class Vocabulary:
     @classmethod
     def from_params(cls, p: Params, lines: Iterable[str] | None = None) -> Vocabulary:
         """The vocabulary ``vocab_params`` describe; ``lines`` (default: ``p.file``'s) build it."""
+        kind = p.get("type") if "type" in p else "built"
+        if kind not in TYPES:
+            raise ConfigError(f"vocab.type must be one of {', '.join(TYPES)}, got {kind!r}")
+        if kind == "sentencepiece":
+            from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary
+
+            return SentencePieceVocabulary.from_params(p)
         if not p.file:
             return cls.symbols(p.size)
         if lines is None:

@@ -201,7 +201,7 @@ class TransformerMtTask(BaseTask):
 
         src_width = input_generator.source_positions
         tgt_width = self.params.decode.max_length or input_generator.target_positions
-        self._codec = serving.TextCodec(self.vocabulary, self.params.vocab.size)
+        self._codec = serving.text_codec(self.vocabulary, self.params.vocab.size)
         ctx = FPropContext(training=False, seed=self.params.random_seed)
 
         def translate(src_ids: tf.Tensor) -> dict[str, tf.Tensor]:

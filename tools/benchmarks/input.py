@@ -9,7 +9,9 @@ as the input reads it now (row numbers shuffled and sharded, rows gathered a bat
 input with ``in_memory()``; the same as ``worker_elements`` otherwise). The two worker sides yield the
 same batches; the benchmark checks that first. The sides take turns for ``--rounds`` rounds of
 ``--steps`` batches; each side's best round counts (load only ever adds time). Prints one JSON line
-per side and one with the ratios.
+per side and one with the ratios. An experiment whose training input packs a text corpus
+(lm.text.TextTransformerLM) gets ``tools.benchmarks.text_input``'s figures instead: packing
+efficiency, the input's tokens/s and the input-bound fraction of the trainer's step.
 """
 
 from __future__ import annotations
@@ -29,12 +31,22 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark input")
     parser.add_argument("--model", default="image.digits.ConvNet", help="Experiment whose input is read.")
     parser.add_argument(
-        "--batch_size", type=int, default=2048, help="Global batch (tools.benchmark multiworker's default)."
+        "--batch_size",
+        type=int,
+        default=None,
+        help="Global batch (default: 2048, tools.benchmark multiworker's; a text corpus: the experiment's).",
     )
     parser.add_argument("--workers", type=int, default=2, help="Workers the global batch is shared by.")
     parser.add_argument("--steps", type=int, default=200, help="Batches timed per side and round.")
     parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds; each side's best counts.")
     return parser.parse_args(argv[1:])
+
+
+def _text_corpus_root(args: argparse.Namespace):
+    """The resolved Params when the experiment's training input packs a text corpus (else None)."""
+    override = f"input.train.batch_size : {args.batch_size}" if args.batch_size else None
+    root = experiment.resolve(args.model, params_override=override)
+    return root if "batching" in root.input.train else None
 
 
 def _reader(input_params, shard: tuple[int, int], by_row: bool):
@@ -52,6 +64,15 @@ def _time(iterator, steps: int) -> float:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
+    if args.steps < 1 or args.rounds < 1:
+        print("input: error: --steps and --rounds must be >= 1", file=sys.stderr)
+        return 2
+    text_root = _text_corpus_root(args)
+    if text_root is not None:
+        from tools.benchmarks import text_input
+
+        return text_input.run(text_root, args.model, min(args.steps, 50), args.rounds)
+    args.batch_size = args.batch_size or 2048
     if args.steps < 1 or args.rounds < 1 or args.workers < 2:
         print("input: error: --steps and --rounds must be >= 1 and --workers >= 2", file=sys.stderr)
         return 2

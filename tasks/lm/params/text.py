@@ -1,11 +1,14 @@
-"""Language models on your own text: one sentence per line of a file (a tiny bundled one by default).
+"""Language models on your own text: sentences, one per line, in many files (a bundled corpus by default).
 
     .venv/bin/python -m trainer --model=lm.text.TextTransformerLM --logdir=runs/text_lm \\
-        --gin_param="TextTransformerLM.train_file='my_train.txt'" \\
-        --gin_param="TextTransformerLM.dev_file='my_dev.txt'"
+        --gin_param="TextTransformerLM.train_files='corpus/train-*.tfrecord'" \\
+        --gin_param="TextTransformerLM.vocab_file='vocab/corpus.model'"
 
-The default files, ``tasks/lm/data/numbers_{train,dev}.txt``, hold the English names of the numbers
-0-999 (900 for training, 100 held out), so the experiment runs from a clean clone.
+The defaults read ``tasks/lm/data/stories_{train,dev}.txt`` (3000 and 300 sentences from the seeded
+grammar of ``tasks.lm.grammar``) with the bundled SentencePiece model ``tasks/lm/data/stories.model``
+(160 pieces, trained by ``python -m tools.vocab`` on the training file), so the experiment runs from a
+clean clone without downloads. ``level='word'`` or ``'char'`` keeps the small built vocabularies (one
+example per line of ``train_files``, a single file).
 """
 
 from __future__ import annotations
@@ -16,23 +19,27 @@ from params import registry
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
-from tasks.lm.input import TextLmInput
+from tasks.lm.input import BATCHINGS, CorpusLmInput, TextLmInput
 from tasks.lm.vocabulary import LEVELS, vocab_params
 from tasks.transformer_experiment import TransformerLmExperiment
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+SUBWORD = "sentencepiece"
 
 
 @registry.register
 class TextTransformerLM(TransformerLmExperiment):
-    """A small causal Transformer LM on the lines of a text file (default: a bundled tiny one).
+    """A small causal Transformer LM on a text corpus (default: the bundled one, SentencePiece pieces).
 
-    ``train_file`` is read for training and for the vocabulary (its ``vocab_size - 4`` most frequent
-    tokens, words or characters per ``level``); ``dev_file`` is evaluated and decoded (each line's first
-    ``prompt_length`` tokens continued greedily). Setting these knobs with gin changes every Params that
-    names the file (``input.train.file``, ``input.*.vocab.file``, ``task.vocab.file``); the same keys can
-    be set with ``--params_override`` one by one. (Named TextTransformerLM so that gin's short name
-    ``TransformerLM`` keeps meaning lm.synthetic.TransformerLM.)
+    ``train_files`` (globs separated by commas; text lines or shards of ``python -m tools.make_shards``,
+    told apart by ``file_format``: 'auto' (names with '.tfrecord' are shards), 'text' or 'tfrecord')
+    are read in parallel, tokenized in the graph by ``vocab_file``
+    and packed ``batching='pack'`` (or ``bucket``, ``pad``) into rows of ``seq_length``; ``dev_files``
+    are evaluated and decoded one sentence per row (each sentence's first ``prompt_length`` pieces
+    continued greedily, ``num_dev_samples`` of them). ``vocab_size`` 0 takes the model's piece count.
+    ``level`` 'word' or 'char' builds the old small vocabulary of ``vocab_size`` from ``train_files``
+    instead. (Named TextTransformerLM so that gin's short name ``TransformerLM`` keeps meaning
+    lm.synthetic.TransformerLM.)
     """
 
     SAVE_INTERVAL_STEPS = 100
@@ -41,46 +48,74 @@ class TextTransformerLM(TransformerLmExperiment):
 
     def __init__(
         self,
-        train_file: str = os.path.join(DATA, "numbers_train.txt"),
-        dev_file: str = os.path.join(DATA, "numbers_dev.txt"),
-        level: str = "word",
-        vocab_size: int = 64,
-        seq_length: int = 8,
-        prompt_length: int = 2,
+        train_files: str = os.path.join(DATA, "stories_train.txt"),
+        dev_files: str = os.path.join(DATA, "stories_dev.txt"),
+        file_format: str = "auto",
+        level: str = SUBWORD,
+        vocab_file: str = os.path.join(DATA, "stories.model"),
+        vocab_size: int = 0,
+        seq_length: int = 128,
+        batching: str = "pack",
+        prompt_length: int = 4,
+        num_dev_samples: int = 64,
+        batch_size: int = 16,
         warmup_steps: int = 50,
         max_steps: int = 300,
         **kwargs,
     ) -> None:
-        super().__init__(seq_length=seq_length, warmup_steps=warmup_steps, max_steps=max_steps, **kwargs)
+        super().__init__(
+            seq_length=seq_length,
+            batch_size=batch_size,
+            warmup_steps=warmup_steps,
+            max_steps=max_steps,
+            **kwargs,
+        )
+        levels = (SUBWORD, *LEVELS)
         if (
-            level not in LEVELS
-            or min(vocab_size - 4, seq_length, self.model_dim, self.num_layers, self.batch_size) < 1
+            level not in levels
+            or batching not in BATCHINGS
+            or min(seq_length, self.model_dim, self.num_layers, self.batch_size) < 1
+            or (level != SUBWORD and vocab_size <= 4)
         ):
             raise ConfigError(
-                f"lm.text.TextTransformerLM: level must be one of {', '.join(LEVELS)}, vocab_size > 4 and "
-                "seq_length, model_dim, num_layers, batch_size >= 1"
+                f"lm.text.TextTransformerLM: level must be one of {', '.join(levels)}, batching one of "
+                f"{', '.join(BATCHINGS)}, vocab_size > 4 for word or char, and seq_length, model_dim, "
+                "num_layers, batch_size >= 1"
             )
-        self.train_file, self.dev_file = train_file, dev_file
-        self.vocab = vocab_params(size=vocab_size, file=train_file, level=level)
+        self.train_files, self.dev_files, self.file_format = train_files, dev_files, file_format
+        self.level, self.batching = level, batching
+        if level == SUBWORD:
+            if not vocab_size:
+                from tasks.lm.sentencepiece_vocab import model_size
+
+                vocab_size = model_size(vocab_file)
+            self.vocab = vocab_params(size=vocab_size, file=vocab_file, type=SUBWORD)
+        else:
+            self.vocab = vocab_params(size=vocab_size, file=train_files, level=level)
         self.prompt_length = prompt_length
+        self.num_dev_samples = num_dev_samples
 
     def task(self) -> Params:
         p = super().task()
         p.decode.prompt_length = self.prompt_length
         return p
 
-    def _input(self, split: str, path: str) -> Params:
-        p = TextLmInput.Params().set(
-            name=split,
-            file=path,
-            vocab=self.vocab.copy(),
-            seq_length=self.seq_length,
-            batch_size=self.batch_size,
-        )
+    def _input(self, split: str, files: str) -> Params:
+        if self.level == SUBWORD:
+            p = CorpusLmInput.Params().set(
+                file_pattern=files,
+                file_format=self.file_format,
+                batching=self.batching if split == "train" else "pad",
+            )
+        else:
+            p = TextLmInput.Params().set(file=files)
+        p.set(name=split, vocab=self.vocab.copy(), seq_length=self.seq_length, batch_size=self.batch_size)
+        if split != "train":
+            p.num_samples = self.num_dev_samples
         return set_split_mode(p, split, shuffle_seed=601)
 
     def train(self) -> Params:
-        return self._input("train", self.train_file)
+        return self._input("train", self.train_files)
 
     def dev(self) -> Params:
-        return self._input("dev", self.dev_file)
+        return self._input("dev", self.dev_files)

@@ -1,0 +1,124 @@
+"""A SentencePiece subword model as a ``Vocabulary``: the same ids in Python (``sentencepiece``) and in
+the graph (``tensorflow_text.SentencepieceTokenizer``, see ``tasks.lm.serving``).
+
+A model is usable when it was trained with this project's special ids (``<pad>`` 0, ``<s>`` 1, ``</s>``
+2, ``<unk>`` 3; ``python -m tools.vocab`` does so) and its piece count equals ``vocab.size``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import sentencepiece as spm
+import tensorflow as tf
+
+from params.errors import ConfigError, UserError
+from params.hyperparams import Params
+from tasks.lm.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+SPECIAL_IDS = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
+
+
+def read_model(path: str) -> bytes:
+    """The serialized model at ``path`` (any tf.io.gfile path); missing -> UserError."""
+    if not path:
+        raise ConfigError(
+            "vocab.file: a sentencepiece vocabulary needs its .model file (python -m tools.vocab)"
+        )
+    if not tf.io.gfile.exists(path):
+        raise UserError(f"vocab.file {path!r} does not exist (train one with python -m tools.vocab)")
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+def load_processor(model: bytes, what: str) -> spm.SentencePieceProcessor:
+    """The processor of a serialized model whose special ids are this project's."""
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(model)
+    except (RuntimeError, OSError) as e:
+        raise UserError(f"{what}: not a SentencePiece model ({e})") from None
+    found = {"pad": sp.pad_id(), "bos": sp.bos_id(), "eos": sp.eos_id(), "unk": sp.unk_id()}
+    if found != SPECIAL_IDS:
+        raise UserError(
+            f"{what}: special ids {found} differ from this project's {SPECIAL_IDS} "
+            "(train the model with python -m tools.vocab)"
+        )
+    return sp
+
+
+def model_size(path: str) -> int:
+    """Pieces of the model at ``path`` (what ``vocab.size`` must be)."""
+    return load_processor(read_model(path), f"vocab.file {path!r}").GetPieceSize()
+
+
+class SentencePieceVocabulary:
+    """``Vocabulary``'s interface over a SentencePiece model (``level`` is 'sentencepiece')."""
+
+    level = "sentencepiece"
+
+    def __init__(self, model: bytes, what: str = "vocabulary") -> None:
+        self.model = model
+        self._sp = load_processor(model, what)
+
+    @classmethod
+    def from_params(cls, p: Params) -> SentencePieceVocabulary:
+        vocab = cls(read_model(p.file), f"vocab.file {p.file!r}")
+        if vocab.size != p.size:
+            raise ConfigError(
+                f"vocab.size is {p.size} but the SentencePiece model {p.file!r} has {vocab.size} pieces: "
+                f"set vocab.size = {vocab.size} (every Params naming this vocabulary)"
+            )
+        return vocab
+
+    @property
+    def size(self) -> int:
+        return self._sp.GetPieceSize()
+
+    def token(self, token_id: int) -> str:
+        return self._sp.IdToPiece(int(token_id)) if 0 <= token_id < self.size else "<unk>"
+
+    def encode(self, text: str) -> list[int]:
+        """Piece ids of ``text`` (no BOS/EOS)."""
+        return list(self._sp.EncodeAsIds(text))
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        """Pieces of ``ids`` up to the first EOS, skipping pad and BOS."""
+        return [self.token(i) for i in _content(ids)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` (stops at EOS)."""
+        return self._sp.DecodeIds([i for i in _content(ids) if i < self.size])
+
+
+def _content(ids: Iterable[int]) -> list[int]:
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == EOS_ID:
+            break
+        if i not in (PAD_ID, BOS_ID):
+            out.append(i)
+    return out
+
+
+def use_kept_copies(root: Params, logdir: str) -> list[str]:
+    """Points every sentencepiece ``vocab.file`` of ``root`` that no longer exists at the run's copy
+    beside params.txt (``BaseInput.files_to_keep``); returns the Params paths it changed."""
+    changed: list[str] = []
+
+    def visit(node: Params, path: str) -> None:
+        if "type" in node and "file" in node and node.get("type") == "sentencepiece":
+            kept = logdir.rstrip("/") + "/" + os.path.basename(node.file)
+            if node.file and not tf.io.gfile.exists(node.file) and tf.io.gfile.exists(kept):
+                node.file = kept
+                changed.append(path)
+        for name in node.names():
+            value = node.get(name)
+            for child in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(child, Params):
+                    visit(child, f"{path}.{name}" if path else name)
+
+    visit(root, "")
+    return changed

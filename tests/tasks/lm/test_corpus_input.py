@@ -1,0 +1,103 @@
+"""CorpusLmInput: text files or TFRecord shards, tokenized in the graph by a SentencePiece model, packed
+(or bucketed, or padded) without losing or repeating a sentence."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from params import experiment
+from params.errors import ConfigError
+from tasks.lm.input import CorpusLmInput
+from tasks.lm.params.text import DATA
+from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary, read_model
+from tools.make_shards import write_shards
+
+DEV = f"{DATA}/stories_dev.txt"
+MODEL = f"{DATA}/stories.model"
+
+
+def _params(**kw):
+    p = CorpusLmInput.Params().set(
+        name="train", file_pattern=DEV, seq_length=256, batch_size=4, shuffle_buffer_size=64
+    )
+    p.vocab.set(file=MODEL, size=160)
+    return p.set(**kw)
+
+
+def _sentences(rows, vocab):
+    """The sentences of packed rows, decoded segment by segment."""
+    out = []
+    for labels, segments in rows:
+        for seg in range(1, int(segments.max()) + 1):
+            out.append(vocab.decode(labels[segments == seg]))
+    return out
+
+
+def _epoch(p):
+    return [(b["labels"].numpy(), b["segment_ids"].numpy()) for b in p.instantiate().dataset()]
+
+
+def _rows(batches):
+    return [(labels[i], seg[i]) for labels, seg in batches for i in range(len(labels))]
+
+
+def _lines(path):
+    return [line.strip() for line in open(path, encoding="utf-8") if line.strip()]
+
+
+def test_an_epoch_of_packed_rows_holds_every_sentence_once():
+    vocab = SentencePieceVocabulary(read_model(MODEL))
+    p = _params(shuffle_seed=5, drop_remainder=False)
+    seen = _sentences(_rows(_epoch(p)), vocab)
+    assert collections.Counter(seen) == collections.Counter(_lines(DEV))
+
+
+def test_tfrecord_shards_read_in_parallel_give_the_same_sentences(tmp_path):
+    paths, count = write_shards([DEV], str(tmp_path / "dev"), num_shards=3)
+    assert len(paths) == 3 and count == len(_lines(DEV))
+    vocab = SentencePieceVocabulary(read_model(MODEL))
+    p = _params(file_pattern=str(tmp_path / "dev-*.tfrecord"), file_format="tfrecord", drop_remainder=False)
+    assert collections.Counter(_sentences(_rows(_epoch(p)), vocab)) == collections.Counter(_lines(DEV))
+
+
+def test_sync_workers_share_every_global_batch():
+    p = _params(shuffle_seed=5, repeat=True)
+    whole = p.instantiate().dataset()
+    workers = []
+    for index in range(2):
+        inp = p.instantiate()
+        inp.shard(index, 2)
+        workers.append(iter(inp.dataset()))
+    for batch in whole.take(3):
+        halves = [next(w)["ids"].numpy() for w in workers]
+        together = np.stack([halves[i % 2][i // 2] for i in range(4)])  # examples index, index+count, ...
+        np.testing.assert_array_equal(together, batch["ids"].numpy())
+
+
+def test_packing_beats_padding_on_the_bundled_corpus():
+    root = experiment.resolve("lm.text.TextTransformerLM")
+    train = root.input.train.copy().set(file_pattern=DEV, repeat=False, shuffle_seed=None)  # train's lengths
+    packed = np.concatenate([b["paddings"].numpy() for b in train.instantiate().dataset()])
+    padded = np.concatenate(
+        [b["paddings"].numpy() for b in train.copy().set(batching="pad").instantiate().dataset()]
+    )
+    assert 1 - packed.mean() >= 0.9 > 0.5 > 1 - padded.mean()
+
+
+def test_bucketing_groups_similar_lengths():
+    batches = list(_params(batching="bucket", bucket_boundaries=[16, 32]).instantiate().dataset())
+    for b in batches:
+        lengths = (b["paddings"].numpy() == 0).sum(axis=1)
+        assert b["ids"].shape[1] == lengths.max()  # padded to its own longest only
+        assert len({int(np.digitize(n, [16, 32])) for n in lengths}) == 1
+
+
+def test_vocabulary_size_must_match_the_model_and_the_model_is_kept():
+    with pytest.raises(ConfigError, match="vocab.size = 160"):
+        p = _params()
+        p.vocab.size = 100
+        next(iter(p.instantiate().dataset()))
+    assert _params().instantiate().files_to_keep() == [MODEL]
