@@ -112,7 +112,8 @@ class GPipeLayer(BaseLayer):
             "schedule",
             "fill_drain",
             "The order of each device's forwards and backwards in a training step "
-            "(docs/parallelism/schedules.md): fill_drain (GPipe: every forward, then every backward; a stage holds all M micro-batches), "
+            "(docs/parallelism/schedules.md): fill_drain (GPipe: every forward, then every backward; a "
+            "stage holds all M micro-batches), "
             "one_f_one_b (1F1B: after K - k forwards stage k alternates one backward and one forward, "
             "holding at most K - k), interleaved_1f1b (1F1B over virtual_stages chunks per device; "
             "bubble / v; M a multiple of K), zb_h1 or zb_h2 (zero bubble: the backward split into input "
