@@ -27,21 +27,27 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import distributed, files, model_analysis, progress, signals
+from trainer import distributed, files, progress, signals
 from trainer.checkpointer import Checkpointer
-from trainer.lock import TrainerLock
+from trainer.open_logdir import open_logdir
 from trainer.summaries import SummaryWriter
 from trainer.train_step import TrainStep
 
 BATCH_SHUFFLE_BUFFER = 16  # batches each trainer shuffles, so trainers do not run the same ones
 
 
-def run(root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None]) -> int:
+def run(
+    root: Params,
+    logdir: str,
+    role: distributed.Role,
+    log: Callable[[str], None],
+    allow_params_change: bool = False,
+) -> int:
     """This process's part of an async cluster."""
     distributed.activate(role)
     if role.task_type != "chief":
         return serve(role, log)
-    return AsyncController(root, logdir, role, log).run()
+    return AsyncController(root, logdir, role, log, allow_params_change).run()
 
 
 def serve(role: distributed.Role, log: Callable[[str], None]) -> int:
@@ -63,17 +69,27 @@ def serve(role: distributed.Role, log: Callable[[str], None]) -> int:
 class AsyncController:
     """The controller of an async cluster: schedules steps on trainers and writes the logdir."""
 
-    def __init__(self, root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        root: Params,
+        logdir: str,
+        role: distributed.Role,
+        log: Callable[[str], None],
+        allow_params_change: bool = False,
+    ) -> None:
         self.root, self.logdir, self.role, self._log = root, logdir, role, log
+        self._allow_params_change = allow_params_change
         self.train_dir = files.join(logdir, "train")
         self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train
 
     def run(self) -> int:
-        tf.io.gfile.makedirs(self.train_dir)
-        with TrainerLock(self.train_dir, log=self._log):
-            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-            strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        allow = self._allow_params_change
+        with open_logdir(
+            self.root, self.logdir, trains=True, allow_params_change=allow, log=self._log
+        ) as opened:
             coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
             with strategy.scope():
                 step_fn = TrainStep(self.task_params, self.root.input.train)
@@ -88,15 +104,11 @@ class AsyncController:
             step = int(step_fn.global_step.numpy())
             if path:
                 self._log(f"trainer: resumed from {path} at step {step}")
-            params_text = self.root.to_text()
-            files.write_text_atomic(files.join(self.logdir, "params.txt"), params_text)
-            files.write_text_atomic(
-                files.join(self.logdir, "model_analysis.txt"),
-                model_analysis.model_analysis(step_fn.task, step_fn.learner),
-            )
+            params_changed = opened.record(step, step_fn.task, step_fn.learner)
             writer = SummaryWriter(self.train_dir)
             try:
-                writer.text(step, "params", params_text)
+                if params_changed or step == 0:
+                    writer.text(step, "params", self.root.to_text())
                 self._loop(strategy, coordinator, step_fn, checkpointer, writer, step)
             finally:
                 writer.close()

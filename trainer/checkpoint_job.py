@@ -13,7 +13,6 @@ task_overrides), so it runs the same way inside the trainer's process or in a pr
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -23,13 +22,10 @@ from params import experiment
 from params.errors import ConfigError
 from params.hyperparams import Params
 from trainer import checkpointer, files
+from trainer.progress import print_line
 from trainer.summaries import SummaryWriter
 
 CHECKPOINT_CHOICES = ("all", "latest")
-
-
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
 
 
 class CheckpointJob:
@@ -39,7 +35,9 @@ class CheckpointJob:
     kind = ""  # directory and job-name prefix: eval, decoder
     settings = ""  # the task's settings group with samples_per_summary: eval, decode
 
-    def __init__(self, root: Params, logdir: str, dataset: str, log: Callable[[str], None] = _print) -> None:
+    def __init__(
+        self, root: Params, logdir: str, dataset: str, log: Callable[[str], None] = print_line
+    ) -> None:
         if dataset not in root.input.names() or dataset == "train":
             others = [n for n in root.input.names() if n != "train"]
             raise ConfigError(
@@ -153,7 +151,7 @@ class CheckpointJob:
         return ds
 
 
-def run_until_finished(jobs: list[CheckpointJob], log: Callable[[str], None] = _print) -> None:
+def run_until_finished(jobs: list[CheckpointJob], log: Callable[[str], None] = print_line) -> None:
     """Polls ``logdir/train`` for new checkpoints until every job has done the final one."""
     interval = min(job.poll_interval_seconds for job in jobs)
     announced = False

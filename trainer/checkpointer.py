@@ -197,6 +197,13 @@ def restore_task(task: tf.Module, path: str) -> None:
         raise _corrupt(path, e) from None
 
 
+def _holds_iterator(path: str) -> bool:
+    try:
+        return any(name.startswith("iterator/") for name, _ in tf.train.list_variables(path))
+    except (tf.errors.OpError, ValueError):
+        return False
+
+
 class Checkpointer:
     """Saves and restores the full training state; owned by the controller."""
 
@@ -204,6 +211,9 @@ class Checkpointer:
         """``objects``: what a checkpoint holds (task, learner, global_step, iterator).
         ``max_to_keep`` <= 0 keeps every checkpoint."""
         self._checkpoint = tf.train.Checkpoint(**objects)
+        # Without an iterator (data-parallel or async training position the input by the step), a
+        # checkpoint written by one process, which holds its iterator too, restores all but that.
+        self._without_iterator = "iterator" not in objects
         self._checkpoint.save_counter  # noqa: B018 (created now, so a restore can match all of a checkpoint)
         check_state(train_dir)  # TensorFlow reads a missing or damaged state file as 'nothing saved'
         try:
@@ -240,7 +250,11 @@ class Checkpointer:
                 "is missing; restore it or fix that file"
             )
         try:
-            self._checkpoint.read(path).assert_consumed()
+            status = self._checkpoint.read(path)
+            if self._without_iterator and _holds_iterator(path):
+                status.expect_partial().assert_existing_objects_matched()
+            else:
+                status.assert_consumed()
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
         return path

@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
         from trainer import cluster_jobs
 
         flags_ = (FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
-        return cluster_jobs.run(root, FLAGS.logdir, *flags_)
+        return cluster_jobs.run(root, FLAGS.logdir, *flags_, allow_params_change=FLAGS.allow_params_change)
     from trainer import launcher
 
     return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)

@@ -17,7 +17,6 @@ iterator: a worker's input position is a function of the global step, restored b
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -26,10 +25,10 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import checkpointer as checkpointer_lib
-from trainer import distributed, files, logdir_guard, mesh_setup, model_analysis, progress, signals
+from trainer import distributed, files, mesh_setup, progress, signals
 from trainer.checkpointer import Checkpointer
-from trainer.lock import TrainerLock
+from trainer.open_logdir import OpenLogdir, open_logdir
+from trainer.progress import print_line
 from trainer.summaries import SummaryWriter
 from trainer.train_step import TrainStep
 
@@ -38,34 +37,33 @@ MAX_STEPS_PER_CALL = 1000
 PARALLEL_STEPS_PER_CALL = 50  # fixed, not timed: the workers' calls must run the same steps
 
 
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
-
-
 class TrainLoop:
     """Controller + trainer. ``with TrainLoop(root, logdir) as loop: loop.run()``."""
 
     def __init__(
         self,
         root: Params,
-        logdir: str,
+        logdir: str | OpenLogdir,
         *,
-        log: Callable[[str], None] = _print,
+        log: Callable[[str], None] = print_line,
         after_save: Callable[[int], None] | None = None,
         parallel: distributed.DataParallel | None = None,
     ) -> None:
-        """``after_save(step)`` runs after each checkpoint (the in-process evalers and decoders).
+        """``logdir``: the logdir, opened by the caller (trainer/open_logdir.py; it holds the LOCK when
+        this process writes), or a path this loop opens (and closes) itself. ``after_save(step)``
+        runs after each checkpoint (the in-process evalers and decoders).
         ``parallel``: this worker's place in a data-parallel cluster (None: one process trains)."""
         self.root = root
-        self.logdir = logdir
-        self.train_dir = files.join(logdir, "train")
+        self._owns_logdir = isinstance(logdir, str)
+        self._opened = open_logdir(root, logdir, trains=True, log=log) if self._owns_logdir else logdir
+        self.logdir = self._opened.logdir
+        self.train_dir = self._opened.train_dir
         self._log = log
         self._after_save = after_save
         self._parallel = parallel
         self.is_chief = parallel is None or parallel.is_chief
         self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train
-        self._lock = TrainerLock(self.train_dir, log=log)
         self._writer: SummaryWriter | None = None
         self.step_fn: TrainStep | None = None
         self.checkpointer: Checkpointer | None = None
@@ -75,17 +73,9 @@ class TrainLoop:
 
     # ------------------------------------------------------------------------------------ set-up
     def __enter__(self) -> TrainLoop:
-        if not self.is_chief:  # writes nothing under the logdir
-            self._setup()
-            return self
+        if self._owns_logdir:
+            self._opened.__enter__()
         try:
-            tf.io.gfile.makedirs(self.train_dir)
-        except (tf.errors.OpError, OSError) as e:
-            raise UserError(f"cannot create {self.train_dir}: {files.reason(e)}") from None
-        self._lock.acquire()
-        try:
-            checkpointer_lib.check_state(self.train_dir)  # before anything is written
-            checkpointer_lib.remove_orphan_temps(self.train_dir, self._log)  # only with the LOCK held
             self._setup()
         except BaseException:
             self.close()
@@ -114,11 +104,7 @@ class TrainLoop:
         model_analysis.txt, and the Params as a text summary."""
         if restored:
             self._log(f"trainer: resumed from {restored} at step {self.step}")
-        params_changed = logdir_guard.write_params(self.logdir, params_text, self.step)
-        files.write_text_atomic(
-            files.join(self.logdir, "model_analysis.txt"),
-            model_analysis.model_analysis(self.step_fn.task, self.step_fn.learner),
-        )
+        params_changed = self._opened.record(self.step, self.step_fn.task, self.step_fn.learner)
         if params_changed or self.step == 0:  # once per run, again if a resumed run changed them
             self._writer.text(self.step, "params", params_text)
             self._writer.flush()
@@ -153,7 +139,8 @@ class TrainLoop:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._lock.release()
+        if self._owns_logdir:
+            self._opened.close()
 
     # ------------------------------------------------------------------------------------- loop
     def _next_stop(self, step: int, until: int, per_call: int) -> int:
