@@ -20,6 +20,7 @@ from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from trainer import cluster, distributed, launcher
 from trainer.open_logdir import open_logdir
+from trainer.placement import Replicas
 from trainer.progress import print_line
 from trainer.train_job import TrainLoop
 
@@ -106,14 +107,16 @@ def _run_sync(
     if role.is_chief:
         log(f"trainer: {root.model}: sync trainer {role.name} of {role.num_workers}; logdir {logdir}")
     strategy = distributed.sync_strategy(role)
-    parallel = distributed.DataParallel(strategy, role)
+    replicas = Replicas(strategy, role)
     # After the strategy: its collectives must be configured before TensorFlow makes a variable, and
     # the guard may build the task. Every worker runs the read-only guard; the chief writes.
     log = log if role.is_chief else _quiet
     opened = open_logdir(
         root, logdir, trains=True, allow_params_change=allow_params_change, writes=role.is_chief, log=log
     )
-    with opened, TrainLoop(root, opened, log=log, parallel=parallel) as loop:
+    if role.is_chief:
+        log(f"trainer: {role.num_workers} workers in sync; this is the chief ({role.name})")
+    with opened, TrainLoop(root, opened, log=log, placement=replicas) as loop:
         step = loop.run()
     distributed.barrier(strategy)  # nobody leaves before the chief saved (it leads the coordination)
     if role.is_chief:
