@@ -26,7 +26,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from params.hyperparams import Params
-from trainer import distributed
+from trainer import cluster_wait, distributed
 from trainer.open_logdir import open_logdir
 from trainer.placement import OnDevice, StepOutputs
 from trainer.train_job import TrainLoop
@@ -41,12 +41,13 @@ def run(
     role: distributed.Role,
     log: Callable[[str], None],
     allow_params_change: bool = False,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
 ) -> int:
     """This process's part of an async cluster."""
     distributed.activate(role)
     if role.task_type != "chief":
         return serve(role, log)
-    return control(root, logdir, role, log, allow_params_change)
+    return control(root, logdir, role, log, allow_params_change, cluster_wait_secs)
 
 
 def serve(role: distributed.Role, log: Callable[[str], None]) -> int:
@@ -122,8 +123,11 @@ def control(
     role: distributed.Role,
     log: Callable[[str], None],
     allow_params_change: bool = False,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
 ) -> int:
-    """The controller: the one train loop (trainer/train_job.py) over the ParameterServers placement."""
+    """The controller: the one train loop (trainer/train_job.py) over the ParameterServers placement,
+    once every trainer and ps answers (trainer/cluster_wait.py)."""
+    cluster_wait.wait_for_peers(role, cluster_wait_secs)  # in Python: says what it waits for, signals work
     placement = ParameterServers(role)
     opened = open_logdir(root, logdir, trains=True, allow_params_change=allow_params_change, log=log)
     with opened, TrainLoop(root, opened, log=log, placement=placement) as loop:

@@ -18,7 +18,7 @@ from absl import logging as absl_logging
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import cluster, distributed, launcher
+from trainer import cluster, cluster_wait, distributed, launcher
 from trainer.open_logdir import open_logdir
 from trainer.placement import Replicas
 from trainer.progress import print_line
@@ -61,8 +61,10 @@ def run(
     task_index: int,
     log: Callable[[str], None] = print_line,
     allow_params_change: bool = False,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
 ) -> int:
-    """Runs this process's part of the training cluster; returns the exit status."""
+    """Runs this process's part of the training cluster; returns the exit status.
+    ``cluster_wait_secs``: how long to wait for the other tasks to start (trainer/cluster_wait.py)."""
     if jobs and all(j.split("_")[0] in launcher.JOB_KINDS for j in jobs if j.strip()):
         return launcher.run_jobs(
             root, logdir, jobs, log=log, allow_params_change=allow_params_change
@@ -78,10 +80,10 @@ def run(
         raise ConfigError(f"--mode={mode}: the experiment has no 'train' data set")
     try:
         if mode == distributed.SYNC:
-            return _run_sync(root, logdir, role, log, allow_params_change)
+            return _run_sync(root, logdir, role, log, allow_params_change, cluster_wait_secs)
         from trainer import async_train
 
-        return async_train.run(root, logdir, role, log, allow_params_change)
+        return async_train.run(root, logdir, role, log, allow_params_change, cluster_wait_secs)
     except PEER_ERRORS as e:
         raise UserError(peer_failure(role, e)) from None
 
@@ -102,10 +104,16 @@ def peer_failure(role: distributed.Role, error: Exception) -> str:
 
 
 def _run_sync(
-    root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None], allow_params_change: bool
+    root: Params,
+    logdir: str,
+    role: distributed.Role,
+    log: Callable[[str], None],
+    allow_params_change: bool,
+    cluster_wait_secs: float,
 ) -> int:
     if role.is_chief:
         log(f"trainer: {root.model}: sync trainer {role.name} of {role.num_workers}; logdir {logdir}")
+    cluster_wait.wait_for_peers(role, cluster_wait_secs)  # in Python: says what it waits for, signals work
     strategy = distributed.sync_strategy(role)
     replicas = Replicas(strategy, role)
     # After the strategy: its collectives must be configured before TensorFlow makes a variable, and
