@@ -17,13 +17,15 @@ port. A peer that already went on answers with TensorFlow's server.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 from params.errors import UserError
-from trainer import distributed
+from trainer import distributed, signals
 from trainer.progress import print_line
 
 REPORT_SECS = 10.0  # how often a waiting process says what it waits for
@@ -60,6 +62,29 @@ def wait_for_peers(
 ) -> None:
     """Returns once every other task of the cluster answers at its address (module doc); raises
     UserError naming the missing tasks after ``wait_secs``."""
+    with _exit_at_once_on_signals():
+        _wait(role, wait_secs, log, report_secs)
+
+
+@contextlib.contextmanager
+def _exit_at_once_on_signals() -> Iterator[None]:
+    """SIGTERM / SIGINT while waiting: the binary's line, then exit at once (143 / 130). Nothing was
+    written yet, and TensorFlow's teardown at a normal exit takes seconds on a busy machine."""
+    try:
+        yield
+    except signals.Terminated as e:
+        _exit(f"trainer: {e}", signals.EXIT_CODE)
+    except KeyboardInterrupt:
+        _exit("trainer: interrupted while waiting for the cluster; nothing was written", 130)
+
+
+def _exit(line: str, code: int) -> None:
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _wait(role: distributed.Role, wait_secs: float, log: Callable[[str], None], report_secs: float) -> None:
     began = time.monotonic()
     next_report = began + report_secs
     with _answering_at(role.address(role.task_type, role.task_index)):
