@@ -174,12 +174,8 @@ class LocalParallelLayer(BaseLayer):
             )
         k = num_blocks or len(split_points) + 1
         costs: dict[str, list[float]] = {}
-        try:
-            if split_points:
-                return partition.bounds_from_split_points(split_points, n), costs
-            if method == "uniform" or k == 1:
-                return partition.uniform_bounds(n, k), costs
-            partition.uniform_bounds(n, k)  # the count checks
+
+        def estimate(method: str) -> list[float]:
             # Estimates need built layers: these are dropped; initialization is stateless, so the
             # layers rebuilt on their devices get the same weights.
             probes = []
@@ -189,14 +185,17 @@ class LocalParallelLayer(BaseLayer):
                 probes.append(q.cls(q, parent=self))
             if method == "params":
                 costs["param_bytes"] = [float(partition.parameter_bytes(x)) for x in probes]
-                return partition.balanced_bounds(costs["param_bytes"], k), costs
+                return costs["param_bytes"]
             if self.params.input_shape is None:
                 raise ConfigError(f"partition_method={method!r} needs params.input_shape")
             spec = partition.input_spec(list(self.params.input_shape), self.params.input_dtype)
             costs["flops"] = [float(f) for f in partition.traced_flops(probes, spec)]
             if method == "measured":
                 costs["seconds"] = partition.measured_seconds(probes, spec)
-            return partition.balanced_bounds(costs.get("seconds", costs["flops"]), k), costs
+            return costs.get("seconds", costs["flops"])
+
+        try:
+            return partition.cut(n, k, split_points, method, estimate), costs
         except ConfigError as e:
             if str(e).startswith(self.path):
                 raise

@@ -1,4 +1,5 @@
-"""Cutting a sequence of layers into contiguous pipeline stages, and what each layer costs.
+"""Cutting a sequence of layers into contiguous parts (GPipe stages, local-parallel blocks), and what
+each layer costs. ``cut`` is the one partitioner of both; they differ only in the cost they balance.
 
 A cut is given by its stage bounds ``[0, b1, ..., n]``: stage k holds layers ``bounds[k]:bounds[k+1]``.
 ``balanced_bounds`` picks the cut minimizing the most expensive stage (the pipeline's step time is
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,24 @@ METHODS = ("uniform", "params", "flops", "measured")
 
 
 # ------------------------------------------------------------------------------------------ cuts
+def cut(
+    num_layers: int,
+    num_parts: int,
+    split_points: Sequence[int],
+    method: str,
+    costs: Callable[[str], Sequence[float]],
+) -> list[int]:
+    """The bounds of ``num_parts`` parts of ``num_layers`` layers: at ``split_points`` when given,
+    else by ``method``: ``uniform`` (equal layer counts), or the cut balancing ``costs(method)`` (one
+    cost per layer: parameter bytes, FLOPs or seconds, computed only when needed)."""
+    if split_points:
+        return bounds_from_split_points(split_points, num_layers)
+    if method == "uniform" or num_parts == 1:
+        return uniform_bounds(num_layers, num_parts)
+    _check_counts(num_layers, num_parts)  # before any cost is estimated
+    return balanced_bounds(costs(method), num_parts)
+
+
 def uniform_bounds(num_layers: int, num_stages: int) -> list[int]:
     """Stages of equal layer count; the first ``num_layers % num_stages`` stages get one more."""
     _check_counts(num_layers, num_stages)

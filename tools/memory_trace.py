@@ -21,7 +21,7 @@ def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
     'resting_bytes'}``: the peak of requested bytes in use (resting tensors included), the
     allocator's own peak over the same step, and what was in use before it. Meant for a CPU-only
     process, whose one allocator (the logical CPU devices share it) all the events come from."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from trainer import tf_compat
 
     resting = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
     with tempfile.TemporaryDirectory() as logdir:
@@ -34,7 +34,7 @@ def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
         planes = [
             plane
             for path in Path(logdir).rglob("*.xplane.pb")
-            for plane in xplane_pb2.XSpace.FromString(path.read_bytes()).planes
+            for plane in tf_compat.xspace_from_bytes(path.read_bytes()).planes
         ]
     events = []
     for plane in planes:

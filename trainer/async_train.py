@@ -1,10 +1,11 @@
 """Asynchronous training (``--mode=async``): the controller coordinates, trainers compute, ps hold.
 
-The controller (TensorFlow's chief) builds the task, learner and global step under
+The controller (TensorFlow's chief) runs the one train loop (trainer/train_job.py) with the
+``ParameterServers`` placement: the task, learner and global step are built under
 ``ParameterServerStrategy.scope()``, so the variables live on the ps tasks; a ``ClusterCoordinator``
 schedules one step at a time on whichever trainer is free. Each step reads the variables, computes
 the gradients of its own batch and applies them at once (no all-reduce, no waiting for the other
-trainers): that is what asynchronous means, and why async runs are not reproducible. The controller
+trainers): that is what asynchronous means, and why async runs are not reproducible. The loop
 joins the scheduled steps at each event (log, summary, save, max_steps) and writes the logdir:
 params.txt, summaries, progress lines and checkpoints (task, learner, global step; a restart resumes
 from the latest). SIGTERM to the controller lets the scheduled steps finish, saves the step they
@@ -24,24 +25,29 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from params import experiment
-from params.errors import UserError
 from params.hyperparams import Params
-from trainer import distributed, files, model_analysis, progress, signals
-from trainer.checkpointer import Checkpointer
-from trainer.lock import TrainerLock
-from trainer.summaries import SummaryWriter
+from trainer import cluster_wait, distributed
+from trainer.open_logdir import open_logdir
+from trainer.placement import OnDevice, StepOutputs
+from trainer.train_job import TrainLoop
 from trainer.train_step import TrainStep
 
 BATCH_SHUFFLE_BUFFER = 16  # batches each trainer shuffles, so trainers do not run the same ones
 
 
-def run(root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None]) -> int:
+def run(
+    root: Params,
+    logdir: str,
+    role: distributed.Role,
+    log: Callable[[str], None],
+    allow_params_change: bool = False,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
+) -> int:
     """This process's part of an async cluster."""
     distributed.activate(role)
     if role.task_type != "chief":
         return serve(role, log)
-    return AsyncController(root, logdir, role, log).run()
+    return control(root, logdir, role, log, allow_params_change, cluster_wait_secs)
 
 
 def serve(role: distributed.Role, log: Callable[[str], None]) -> int:
@@ -60,50 +66,25 @@ def serve(role: distributed.Role, log: Callable[[str], None]) -> int:
         time.sleep(1.0)
 
 
-class AsyncController:
-    """The controller of an async cluster: schedules steps on trainers and writes the logdir."""
+class ParameterServers(OnDevice):
+    """Variables on the ps tasks (``ParameterServerStrategy``); ``run(n)`` dispatches ``n`` steps
+    through a ``ClusterCoordinator`` to whichever trainer is free, each on a batch of that trainer's
+    own copy of the input, and joins them. The controller writes the logdir."""
 
-    def __init__(self, root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None]) -> None:
-        self.root, self.logdir, self.role, self._log = root, logdir, role, log
-        self.train_dir = files.join(logdir, "train")
-        self.task_params = experiment.task_params_for(root, "train")
-        self.train = self.task_params.train
+    keeps_input_position = False  # each trainer shuffles its own copy of the input
 
-    def run(self) -> int:
-        tf.io.gfile.makedirs(self.train_dir)
-        with TrainerLock(self.train_dir, log=self._log):
-            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-            strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-            coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-            with strategy.scope():
-                step_fn = TrainStep(self.task_params, self.root.input.train)
-            checkpointer = Checkpointer(
-                self.train_dir,
-                self.train.save_max_to_keep,
-                task=step_fn.task,
-                learner=step_fn.learner,
-                global_step=step_fn.global_step,
-            )
-            path = checkpointer.restore_latest()
-            step = int(step_fn.global_step.numpy())
-            if path:
-                self._log(f"trainer: resumed from {path} at step {step}")
-            params_text = self.root.to_text()
-            files.write_text_atomic(files.join(self.logdir, "params.txt"), params_text)
-            files.write_text_atomic(
-                files.join(self.logdir, "model_analysis.txt"),
-                model_analysis.model_analysis(step_fn.task, step_fn.learner),
-            )
-            writer = SummaryWriter(self.train_dir)
-            try:
-                writer.text(step, "params", params_text)
-                self._loop(strategy, coordinator, step_fn, checkpointer, writer, step)
-            finally:
-                writer.close()
-        return 0
+    def __init__(self, role: distributed.Role) -> None:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
+        self.role = role
+        self.name = "async controller"
 
-    def _loop(self, strategy, coordinator, step_fn: TrainStep, checkpointer, writer, step: int) -> None:
-        input_ = step_fn.input
+    def scope(self):
+        return self.strategy.scope()
+
+    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
+        input_ = step.input
 
         @tf.autograph.experimental.do_not_convert  # plain tf.data code; no AutoGraph warnings
         def dataset_fn() -> tf.data.Dataset:
@@ -112,56 +93,47 @@ class AsyncController:
             seed = tf.cast(tf.timestamp() * 1e6, tf.int64)
             return input_.dataset().shuffle(BATCH_SHUFFLE_BUFFER, seed=seed)
 
-        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 
         @tf.function
         def worker_step(iterator):
-            return strategy.run(step_fn.guarded_step, args=(next(iterator),))
+            return self.strategy.run(step.guarded_step, args=(next(iterator),))
 
-        p = self.train
-        max_steps = int(p.max_steps)
-        intervals = [
-            i for i in (p.log_interval_steps, p.summary_interval_steps, p.save_interval_steps) if i > 0
-        ]
-        workers = len(self.role.cluster["worker"])
-        self._log(f"trainer: async controller: {workers} trainers, {len(self.role.cluster['ps'])} ps")
-        with signals.deferred() as sigterm:
-            while step < max_steps and not sigterm.raised:
-                stop = min([max_steps] + [(step // i + 1) * i for i in intervals])
-                start = time.perf_counter()
-                results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(stop - step)]
-                coordinator.join()
-                finite, outputs = results[-1].fetch()
-                if not bool(finite):
-                    raise UserError(
-                        f"training diverged: the loss is {outputs['task']['loss']} near step {stop}; stopped "
-                        f"without saving (last checkpoint: {checkpointer.latest_path or 'none'})"
-                    )
-                rate = (stop - step) / max(time.perf_counter() - start, 1e-9)
-                step = stop
-                if p.summary_interval_steps > 0 and step % p.summary_interval_steps == 0:
-                    values = {n: float(v) for group in ("task", "learner") for n, v in outputs[group].items()}
-                    values.update(steps_per_sec=rate, examples_per_sec=rate * step_fn.batch_size)
-                    writer.scalars(step, values)
-                if p.log_interval_steps > 0 and step % p.log_interval_steps == 0:
-                    loss = float(outputs["task"]["loss"])
-                    self._log(progress.progress_line(step, max_steps, loss, rate, rate * step_fn.batch_size))
-                if (p.save_interval_steps > 0 and step % p.save_interval_steps == 0) or step == max_steps:
-                    self._save(step, checkpointer, writer)
-            if sigterm.raised:
-                self._terminate(step, checkpointer, writer)
-        self._log(f"trainer: done at step {step}; logdir {self.logdir}")
+        def run(num_steps: int) -> StepOutputs:
+            results = [self.coordinator.schedule(worker_step, args=(iterator,)) for _ in range(num_steps)]
+            self.coordinator.join()
+            if not results:
+                return tf.constant(True), step.zero_outputs
+            fetched = [r.fetch() for r in results]
+            finite = all(bool(f) for f, _ in fetched)
+            return tf.constant(finite), tf.nest.map_structure(tf.constant, fetched[-1][1])
 
-    def _terminate(self, step: int, checkpointer: Checkpointer, writer: SummaryWriter) -> None:
-        """SIGTERM: save the step the scheduled steps reached (unless saved already), then stop."""
-        if checkpointer.latest_step != step:
-            self._save(step, checkpointer, writer)
-        raise signals.Terminated(
-            f"async controller stopped by SIGTERM at step {step}; saved {checkpointer.latest_path}; start "
-            "it again (with its trainers and ps) to resume from it"
+        return run
+
+    def terminated(self, step: int, saved: str | None) -> str:
+        return (
+            f"async controller stopped by SIGTERM at step {step}; saved {saved}; start it again "
+            "(with its trainers and ps) to resume from it"
         )
 
-    def _save(self, step: int, checkpointer: Checkpointer, writer: SummaryWriter) -> None:
-        saved = checkpointer.save(step)
-        writer.flush()
-        self._log(f"trainer: saved {saved}")
+
+def control(
+    root: Params,
+    logdir: str,
+    role: distributed.Role,
+    log: Callable[[str], None],
+    allow_params_change: bool = False,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
+) -> int:
+    """The controller: the one train loop (trainer/train_job.py) over the ParameterServers placement,
+    once every trainer and ps answers (trainer/cluster_wait.py)."""
+    cluster_wait.wait_for_peers(role, cluster_wait_secs)  # in Python: says what it waits for, signals work
+    placement = ParameterServers(role)
+    opened = open_logdir(root, logdir, trains=True, allow_params_change=allow_params_change, log=log)
+    with opened, TrainLoop(root, opened, log=log, placement=placement) as loop:
+        log(
+            f"trainer: async controller: {len(role.cluster['worker'])} trainers, {len(role.cluster['ps'])} ps"
+        )
+        step = loop.run()
+    log(f"trainer: done at step {step}; logdir {logdir}")
+    return 0

@@ -13,7 +13,6 @@ task_overrides), so it runs the same way inside the trainer's process or in a pr
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -23,13 +22,10 @@ from params import experiment
 from params.errors import ConfigError
 from params.hyperparams import Params
 from trainer import checkpointer, files
+from trainer.progress import print_line
 from trainer.summaries import SummaryWriter
 
 CHECKPOINT_CHOICES = ("all", "latest")
-
-
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
 
 
 class CheckpointJob:
@@ -39,7 +35,9 @@ class CheckpointJob:
     kind = ""  # directory and job-name prefix: eval, decoder
     settings = ""  # the task's settings group with samples_per_summary: eval, decode
 
-    def __init__(self, root: Params, logdir: str, dataset: str, log: Callable[[str], None] = _print) -> None:
+    def __init__(
+        self, root: Params, logdir: str, dataset: str, log: Callable[[str], None] = print_line
+    ) -> None:
         if dataset not in root.input.names() or dataset == "train":
             others = [n for n in root.input.names() if n != "train"]
             raise ConfigError(
@@ -154,7 +152,7 @@ class CheckpointJob:
 
 
 def run_until_finished(
-    jobs: list[CheckpointJob], log: Callable[[str], None] = _print, wait: bool = True
+    jobs: list[CheckpointJob], log: Callable[[str], None] = print_line, wait: bool = True
 ) -> None:
     """Polls ``logdir/train`` for new checkpoints until every job has done the final one; says so when
     that was done before it started. ``wait=False`` (no trainer will write more): stops once the

@@ -24,10 +24,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 from google.protobuf import text_format as proto_text
-from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
 
 from params.errors import UserError
-from trainer import files
+from trainer import files, tf_compat
 
 CHECKPOINT_NAME = "ckpt"
 STATE_FILE = "checkpoint"
@@ -77,7 +76,7 @@ def _recovery(train_dir: str) -> str:
     )
 
 
-def read_state(train_dir: str) -> CheckpointState | None:
+def read_state(train_dir: str):
     """The parsed state file; None if there is none. A file that cannot be read or parsed, or that
     names no checkpoint, is a DamagedStateError (never read as 'nothing saved')."""
     path = files.join(train_dir, STATE_FILE)
@@ -88,7 +87,7 @@ def read_state(train_dir: str) -> CheckpointState | None:
         return None
     except (tf.errors.OpError, OSError) as e:
         raise DamagedStateError(f"cannot read {path}: {files.reason(e)}") from None
-    state = CheckpointState()
+    state = tf_compat.checkpoint_state_class()()
     try:
         proto_text.Parse(data.decode("utf-8"), state)
     except (proto_text.ParseError, UnicodeDecodeError) as e:
@@ -137,7 +136,7 @@ def rebuild_state(train_dir: str) -> list[tuple[int, str]]:
     present = [(s, p) for s, p in checkpoints_on_disk(train_dir) if tf.io.gfile.glob(p + ".data-*")]
     if not present:
         raise UserError(f"no complete {CHECKPOINT_NAME}-<step> checkpoint in {train_dir}")
-    state = CheckpointState(
+    state = tf_compat.checkpoint_state_class()(
         model_checkpoint_path=present[-1][1].rpartition("/")[2],
         all_model_checkpoint_paths=[p.rpartition("/")[2] for _, p in present],
     )
@@ -197,6 +196,13 @@ def restore_task(task: tf.Module, path: str) -> None:
         raise _corrupt(path, e) from None
 
 
+def _holds_iterator(path: str) -> bool:
+    try:
+        return any(name.startswith("iterator/") for name, _ in tf.train.list_variables(path))
+    except (tf.errors.OpError, ValueError):
+        return False
+
+
 class Checkpointer:
     """Saves and restores the full training state; owned by the controller."""
 
@@ -204,6 +210,9 @@ class Checkpointer:
         """``objects``: what a checkpoint holds (task, learner, global_step, iterator).
         ``max_to_keep`` <= 0 keeps every checkpoint."""
         self._checkpoint = tf.train.Checkpoint(**objects)
+        # Without an iterator (data-parallel or async training position the input by the step), a
+        # checkpoint written by one process, which holds its iterator too, restores all but that.
+        self._without_iterator = "iterator" not in objects
         self._checkpoint.save_counter  # noqa: B018 (created now, so a restore can match all of a checkpoint)
         check_state(train_dir)  # TensorFlow reads a missing or damaged state file as 'nothing saved'
         try:
@@ -240,7 +249,11 @@ class Checkpointer:
                 "is missing; restore it or fix that file"
             )
         try:
-            self._checkpoint.read(path).assert_consumed()
+            status = self._checkpoint.read(path)
+            if self._without_iterator and _holds_iterator(path):
+                status.expect_partial().assert_existing_objects_matched()
+            else:
+                status.assert_consumed()
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
         return path

@@ -11,7 +11,6 @@ turned into one line naming the cluster's peers, and a non-zero exit, within a b
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -19,7 +18,10 @@ from absl import logging as absl_logging
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import cluster, distributed, launcher
+from trainer import cluster, cluster_wait, distributed, launcher
+from trainer.open_logdir import open_logdir
+from trainer.placement import Replicas
+from trainer.progress import print_line
 from trainer.train_job import TrainLoop
 
 # Errors with which TensorFlow reports a peer that went away (or never came).
@@ -33,10 +35,6 @@ PEER_ERRORS = (
     tf.errors.FailedPreconditionError,
 )
 TRAINER_JOBS = ("controller", "trainer")
-
-
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
 
 
 def lingvo_job(mode: str, jobs: list[str]) -> str | None:
@@ -61,11 +59,16 @@ def run(
     jobs: list[str],
     cluster_spec: str | None,
     task_index: int,
-    log: Callable[[str], None] = _print,
+    log: Callable[[str], None] = print_line,
+    allow_params_change: bool = False,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
 ) -> int:
-    """Runs this process's part of the training cluster; returns the exit status."""
+    """Runs this process's part of the training cluster; returns the exit status.
+    ``cluster_wait_secs``: how long to wait for the other tasks to start (trainer/cluster_wait.py)."""
     if jobs and all(j.split("_")[0] in launcher.JOB_KINDS for j in jobs if j.strip()):
-        return launcher.run_jobs(root, logdir, jobs, log=log)  # evalers/decoders: outside the cluster
+        return launcher.run_jobs(
+            root, logdir, jobs, log=log, allow_params_change=allow_params_change
+        )  # evalers/decoders: outside the cluster
     role = distributed.resolve_role(mode, cluster_spec, lingvo_job(mode, jobs), task_index)
     # Before the strategy starts TensorFlow's runtime. Async trainers shuffle by their clock.
     cluster.configure(
@@ -77,10 +80,10 @@ def run(
         raise ConfigError(f"--mode={mode}: the experiment has no 'train' data set")
     try:
         if mode == distributed.SYNC:
-            return _run_sync(root, logdir, role, log)
+            return _run_sync(root, logdir, role, log, allow_params_change, cluster_wait_secs)
         from trainer import async_train
 
-        return async_train.run(root, logdir, role, log)
+        return async_train.run(root, logdir, role, log, allow_params_change, cluster_wait_secs)
     except PEER_ERRORS as e:
         raise UserError(peer_failure(role, e)) from None
 
@@ -100,13 +103,28 @@ def peer_failure(role: distributed.Role, error: Exception) -> str:
     )
 
 
-def _run_sync(root: Params, logdir: str, role: distributed.Role, log: Callable[[str], None]) -> int:
+def _run_sync(
+    root: Params,
+    logdir: str,
+    role: distributed.Role,
+    log: Callable[[str], None],
+    allow_params_change: bool,
+    cluster_wait_secs: float,
+) -> int:
     if role.is_chief:
-        launcher.check_logdir(logdir)
         log(f"trainer: {root.model}: sync trainer {role.name} of {role.num_workers}; logdir {logdir}")
+    cluster_wait.wait_for_peers(role, cluster_wait_secs)  # in Python: says what it waits for, signals work
     strategy = distributed.sync_strategy(role)
-    parallel = distributed.DataParallel(strategy, role)
-    with TrainLoop(root, logdir, log=log if role.is_chief else _quiet, parallel=parallel) as loop:
+    replicas = Replicas(strategy, role)
+    # After the strategy: its collectives must be configured before TensorFlow makes a variable, and
+    # the guard may build the task. Every worker runs the read-only guard; the chief writes.
+    log = log if role.is_chief else _quiet
+    opened = open_logdir(
+        root, logdir, trains=True, allow_params_change=allow_params_change, writes=role.is_chief, log=log
+    )
+    if role.is_chief:
+        log(f"trainer: {role.num_workers} workers in sync; this is the chief ({role.name})")
+    with opened, TrainLoop(root, opened, log=log, placement=replicas) as loop:
         step = loop.run()
     distributed.barrier(strategy)  # nobody leaves before the chief saved (it leads the coordination)
     if role.is_chief:

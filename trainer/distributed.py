@@ -26,6 +26,7 @@ import json
 import os
 
 from params.errors import ConfigError
+from trainer import tf_compat
 
 TASK_TYPES = {"controller": "chief", "chief": "chief", "trainer": "worker", "worker": "worker", "ps": "ps"}
 SYNC, ASYNC = "sync", "async"
@@ -186,13 +187,13 @@ def sync_strategy(role: Role):
         implementation=tf.distribute.experimental.CommunicationImplementation.RING
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    if strategy.extended._num_devices_per_worker != 1:  # noqa: SLF001
+    if tf_compat.num_devices_per_worker(strategy) != 1:
         raise ConfigError("--mode=sync: each worker must hold one replica (one CPU or one GPU per process)")
     # Replica-context all-reduces without merge_call: with one replica per worker, the collective
     # ops the replica launches itself are those merge_call would launch, and they may then sit
     # inside the loop of steps (a tf.while_loop) and a pipeline's recomputed backward pass, where
     # merge_call cannot run. TensorFlow takes this same path itself under XLA on GPUs.
-    strategy.extended._use_merge_call = lambda: False  # noqa: SLF001
+    tf_compat.disable_merge_call(strategy)
     return strategy
 
 
@@ -249,27 +250,3 @@ def terminated_workers(strategy, num_workers: int):
         return [i for i in range(num_workers) if total[i] > 0]
 
     return call
-
-
-@dataclasses.dataclass(frozen=True)
-class DataParallel:
-    """What a sync worker's training loop needs: the strategy and this worker's place."""
-
-    strategy: object  # tf.distribute.MultiWorkerMirroredStrategy
-    role: Role
-
-    @property
-    def is_chief(self) -> bool:
-        return self.role.is_chief
-
-    @property
-    def worker_index(self) -> int:
-        return self.role.worker_index
-
-    @property
-    def num_workers(self) -> int:
-        return self.role.num_workers
-
-    @property
-    def name(self) -> str:
-        return self.role.name

@@ -17,28 +17,22 @@ for each data set other than ``train``.
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
 from collections.abc import Callable
 
-import tensorflow as tf
 from absl import logging as absl_logging
 
-from params.errors import ConfigError, UserError
+from params.errors import ConfigError
 from params.hyperparams import Params
-from trainer import checkpointer, cluster, files, logdir_guard
+from trainer import checkpointer, cluster, files
 from trainer.checkpoint_job import CheckpointJob, run_until_finished
 from trainer.decoder_job import Decoder, implements_decode
 from trainer.evaler_job import Evaler
+from trainer.open_logdir import OpenLogdir, open_logdir
+from trainer.progress import print_line
 from trainer.train_job import TrainLoop
 
 TRAIN_JOBS = ("controller", "trainer")
 JOB_KINDS: dict[str, type[CheckpointJob]] = {"evaler": Evaler, "decoder": Decoder}
-
-
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
 
 
 def eval_datasets(root: Params) -> list[str]:
@@ -72,29 +66,17 @@ def check_jobs(root: Params, jobs: list[str]) -> list[str]:
     return names
 
 
-def check_logdir(logdir: str) -> None:
-    """Creates the logdir and proves it writable, or raises one UserError line."""
-    probe = files.join(logdir, f".write_test-{socket.gethostname()}-{os.getpid()}")
-    try:
-        tf.io.gfile.makedirs(logdir)
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("ok")
-        tf.io.gfile.remove(probe)
-    except (tf.errors.OpError, OSError) as e:
-        raise UserError(f"--logdir={logdir} is not writable: {files.reason(e)}") from None
-
-
 def run_jobs(
     root: Params,
     logdir: str,
     jobs: list[str],
-    log: Callable[[str], None] = _print,
+    log: Callable[[str], None] = print_line,
     allow_params_change: bool = False,
 ) -> int:
     """Runs the named jobs (empty: all, in this process) over ``logdir``; returns the exit status.
 
-    The logdir guard (trainer/logdir_guard.py) compares the Params with the logdir's params.txt first,
-    before anything is written."""
+    The logdir is opened first (trainer/open_logdir.py: the params.txt guard, before anything is
+    written; the LOCK when this process trains)."""
     cluster.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
     if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -107,8 +89,15 @@ def run_jobs(
             f"jobs {', '.join(names)} would wait forever: {files.join(logdir, 'train')} has no checkpoint "
             f"and {root.model} has no 'train' data set, so no trainer will write one"
         )
-    logdir_guard.check(root, logdir, trains="trainer" in names, allow=allow_params_change, log=log)
-    check_logdir(logdir)
+    trains = "trainer" in names
+    with open_logdir(root, logdir, trains=trains, allow_params_change=allow_params_change, log=log) as opened:
+        return _run_jobs(root, opened, names, log, wait=not no_trainer)
+
+
+def _run_jobs(
+    root: Params, opened: OpenLogdir, names: list[str], log: Callable[[str], None], wait: bool
+) -> int:
+    logdir = opened.logdir
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
     log(f"trainer: watch it with: .venv/bin/tensorboard --logdir={logdir}")
     checkpoint_jobs: list[CheckpointJob] = []
@@ -118,9 +107,9 @@ def run_jobs(
             if kind in JOB_KINDS:
                 checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log))
         if "trainer" in names:
-            _train(root, logdir, checkpoint_jobs, log)
+            _train(root, opened, checkpoint_jobs, log)
         else:
-            run_until_finished(checkpoint_jobs, log=log, wait=not no_trainer)
+            run_until_finished(checkpoint_jobs, log=log, wait=wait)
     finally:
         for job in checkpoint_jobs:
             job.close()
@@ -128,15 +117,15 @@ def run_jobs(
 
 
 def _train(
-    root: Params, logdir: str, checkpoint_jobs: list[CheckpointJob], log: Callable[[str], None]
+    root: Params, opened: OpenLogdir, checkpoint_jobs: list[CheckpointJob], log: Callable[[str], None]
 ) -> None:
     def after_save(step: int) -> None:
         del step
         for job in checkpoint_jobs:
             job.run_pending()
 
-    with TrainLoop(root, logdir, log=log, after_save=after_save if checkpoint_jobs else None) as loop:
+    with TrainLoop(root, opened, log=log, after_save=after_save if checkpoint_jobs else None) as loop:
         after_save(loop.step)  # catch up on what an interrupted run left unprocessed
         step = loop.run()
     after_save(step)
-    log(f"trainer: done at step {step}; logdir {logdir}")
+    log(f"trainer: done at step {step}; logdir {opened.logdir}")

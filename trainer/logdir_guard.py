@@ -4,14 +4,15 @@
 - No params.txt, or the same Params: go on.
 - Another experiment (``model``): stop, one line.
 - Other model shapes than the latest checkpoint holds (a task variable added, removed or reshaped,
-  found by comparing the checkpoint's variables with the new task's): stop, one line naming them.
+  found by comparing the checkpoint's variables with the new task's): stop, one line naming them and
+  pointing to a new logdir, even with ``--allow_params_change`` (no checkpoint there could be restored).
 - A finished run (latest checkpoint at ``task.train.max_steps``) with changed settings: stop, one line;
   the changes could not train anything (raise max_steps to continue it).
 - Otherwise (say a new learning rate for a run that goes on): go on, print what changed, and the
   controller appends it to ``params_changes.txt`` (step and ``<``/``>`` lines) as it rewrites
   params.txt, after the checkpoint is restored.
 
-``--allow_params_change`` turns each stop into a warning. Nothing here writes to the logdir.
+``--allow_params_change`` turns each other stop into a warning. Nothing here writes to the logdir.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def check(
     changes = text_tree.diff(old, new)
     if not changes:
         return []
+    if allow or old.get("model") == new.get("model"):  # else the refusal below names the experiment
+        _refuse_shape_changes(root, logdir)
     problem = _problem(root, logdir, old, new, trains)
     if problem and not allow:
         raise ConfigError(
@@ -75,11 +78,7 @@ def _problem(root: Params, logdir: str, old: dict, new: dict, trains: bool) -> s
     listed = checkpointer.list_checkpoints(files.join(logdir, "train"))
     if not listed:
         return None
-    step, path = listed[-1]
-    shapes = _shape_changes(root, path)
-    if shapes:
-        more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
-        return f"the model's variables differ from checkpoint {path}: {', '.join(shapes[:SHOWN])}{more}"
+    step = listed[-1][0]
     max_steps = int(root.task.train.max_steps)
     if trains and step >= max_steps:
         keys = sorted({line[2:].split(" : ")[0] for line in text_tree.diff(old, new)})
@@ -89,6 +88,24 @@ def _problem(root: Params, logdir: str, old: dict, new: dict, trains: bool) -> s
             f"settings ({shown}) would train nothing; raise task.train.max_steps to continue it"
         )
     return None
+
+
+def _refuse_shape_changes(root: Params, logdir: str) -> None:
+    """Other variable shapes than the latest checkpoint's: refused even with --allow_params_change,
+    before any restore. Every checkpoint of the logdir holds the old shapes, so none could be
+    restored into the new model (a restore would fail after the run had started)."""
+    listed = checkpointer.list_checkpoints(files.join(logdir, "train"))
+    if not listed:
+        return
+    path = listed[-1][1]
+    shapes = _shape_changes(root, path)
+    if shapes:
+        more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
+        raise ConfigError(
+            f"--logdir={logdir}: the model's variables differ from checkpoint {path}: "
+            f"{', '.join(shapes[:SHOWN])}{more}; no checkpoint of this logdir can be restored into "
+            f"this model, even with {FLAG}: train it in a new --logdir"
+        )
 
 
 def task_variables(path: str) -> dict[str, tuple[int, ...]]:

@@ -64,6 +64,13 @@ flags.DEFINE_string(
     "Empty: read TF_CONFIG.",
 )
 flags.DEFINE_integer("task_index", 0, "--mode=sync|async: this process's index within its --job.")
+flags.DEFINE_integer(
+    "cluster_wait_secs",
+    600,
+    "--mode=sync|async: seconds to wait for the other tasks of the cluster to start (saying which "
+    "every 10 s) before giving up with one line naming them.",
+    lower_bound=1,
+)
 flags.DEFINE_list(
     "job",
     [],
@@ -194,7 +201,13 @@ def main(argv: list[str]) -> int:
         from trainer import cluster_jobs
 
         flags_ = (FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
-        return cluster_jobs.run(root, FLAGS.logdir, *flags_)
+        return cluster_jobs.run(
+            root,
+            FLAGS.logdir,
+            *flags_,
+            allow_params_change=FLAGS.allow_params_change,
+            cluster_wait_secs=FLAGS.cluster_wait_secs,
+        )
     from trainer import launcher
 
     done = preflight.finished(root, FLAGS.logdir, launcher.check_jobs(root, FLAGS.job))

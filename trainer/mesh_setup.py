@@ -1,8 +1,9 @@
-"""The trainer on a device mesh: the mesh from ``cluster.mesh_*`` and a train step over DTensors.
+"""The trainer on a device mesh: the mesh from ``cluster.mesh_*`` and the mesh as a placement of the
+one ``TrainStep`` (trainer/placement.py).
 
-``MeshTrainStep`` builds the task inside ``layers.mesh.mesh_scope`` (so its variables are DVariables in
-their layouts), keeps the global step and the optimizer slots on the mesh, and runs the same
-forward/backward/learner code as ``TrainStep``. Two differences, both forced by DTensor: a DTensor
+``MeshPlacement`` builds the task inside ``layers.mesh.mesh_scope`` (so its variables are DVariables in
+their layouts) and keeps the global step and the optimizer slots on the mesh; the step computes what
+it computes everywhere (trainer/train_step.py). What the mesh provides, forced by DTensor: a DTensor
 function takes only DTensors, so each batch is read eagerly and copied onto the mesh (batch dimension
 split by the ``batch`` rule) before the compiled step runs, and ``run(n)`` is therefore a Python loop
 of ``n`` compiled steps rather than one ``tf.while_loop``. Gradients are laid out like their variables
@@ -19,20 +20,20 @@ state (on a CPU mesh the same memory; on accelerators host RAM, not device memor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from layers import mesh as mesh_lib
-from layers.base_layer import FPropContext
 from layers.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import tracing
 from trainer.checkpointer import Checkpointer
-from trainer.train_step import RESERVED_SUMMARY_NAMES, TrainStep
+from trainer.placement import OnDevice, StepOutputs
+from trainer.train_step import TrainStep
 
 
 def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
@@ -47,79 +48,63 @@ def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
     return mesh_lib.create_mesh(shape, list(cluster.mesh_axis_names), cluster.layout_rules)
 
 
-def make_train_step(cluster: Params, task_params: Params, input_params: Params) -> TrainStep:
-    """A ``MeshTrainStep`` when the cluster names a mesh, else the plain ``TrainStep``."""
+def placement_from_cluster(cluster: Params) -> OnDevice:
+    """A ``MeshPlacement`` when the cluster names a mesh, else the caller's device."""
     mesh = mesh_from_cluster(cluster)
-    if mesh is None:
-        return TrainStep(task_params, input_params)
-    return MeshTrainStep(mesh, task_params, input_params)
+    return OnDevice() if mesh is None else MeshPlacement(mesh)
 
 
-class MeshTrainStep(TrainStep):
-    """``TrainStep`` over a DTensor mesh (same attributes: task, input, iterator, global_step, learner)."""
+def make_train_step(cluster: Params, task_params: Params, input_params: Params) -> TrainStep:
+    """The ``TrainStep`` placed on the cluster's mesh, or on the caller's device without one."""
+    return TrainStep(task_params, input_params, placement_from_cluster(cluster))
 
-    def __init__(self, mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> None:
+
+def MeshTrainStep(mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> TrainStep:  # noqa: N802
+    """The ``TrainStep`` over a DTensor mesh (the name of what was once a class of its own)."""
+    return TrainStep(task_params, input_params, MeshPlacement(mesh))
+
+
+class MeshPlacement(OnDevice):
+    """A DTensor mesh: the task's variables are DVariables in their layouts, the global step and the
+    optimizer slots live on the mesh; each batch is copied onto the mesh eagerly, so ``run(n)`` is a
+    Python loop of ``n`` compiled steps; gradients are laid out like their variables."""
+
+    def __init__(self, mesh: mesh_lib.DeviceMesh) -> None:
         self.mesh = mesh
-        with mesh_lib.mesh_scope(mesh):
-            self.task = task_params.instantiate()
-        if any(isinstance(m, GPipeLayer) for m in self.task.submodules):
+        self._batch_axis = mesh.rules.get("batch")
+        self._mirror: tuple | None = None
+        self._task_params: Params | None = None
+        self._layouts: list = []
+
+    def build_task(self, task_params: Params) -> tf.Module:
+        with mesh_lib.mesh_scope(self.mesh):
+            task = task_params.instantiate()
+        if any(isinstance(m, GPipeLayer) for m in task.submodules):
             raise ConfigError(
                 f"task {task_params.cls.__name__}: a GPipe pipeline cannot run on a device mesh "
                 "(cluster.mesh_shape); use one or the other"
             )
-        self.input = input_params.instantiate()
-        self.iterator = iter(self.input.dataset())
-        with tf.init_scope():
-            self.global_step = mesh.variable(tf.constant(0, tf.int64), [], "global_step", trainable=False)
-        self._variables = list(self.task.trainable_variables)
-        if not self._variables:
-            raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
-        self._layouts = [dtensor.fetch_layout(v) for v in self._variables]
-        self.learner = Learner(task_params.train, self._variables)
-        self._seed = self.task.params.random_seed
-        self._batch_axis = mesh.rules.get("batch")
-        self._step_fn = tf.function(self._one_step)
-        self._grads_fn = tf.function(self._loss_and_grads)
         self._task_params = task_params
-        self._mirror: tuple | None = None
+        self._layouts = [dtensor.fetch_layout(v) for v in task.trainable_variables]  # eagerly: here
+        return task
 
-    # ------------------------------------------------------------------------- host mirror
-    def host_mirror(self) -> tuple[tf.Module, Learner, tf.Variable]:
-        """(task, learner, global_step) built without a mesh: what a plain checkpoint holds."""
-        if self._mirror is None:
-            task = self._task_params.instantiate()
-            learner = Learner(self._task_params.train, list(task.trainable_variables))
-            with tf.init_scope():
-                global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self._mirror = (task, learner, global_step)
-        return self._mirror
+    def global_step(self) -> tf.Variable:
+        with tf.init_scope():
+            return self.mesh.variable(tf.constant(0, tf.int64), [], "global_step", trainable=False)
 
-    def _pairs(self) -> list[tuple[tf.Variable, tf.Variable]]:
-        task, learner, global_step = self.host_mirror()
-        sharded = {v.name: v for v in self.task.variables}
-        pairs = [(sharded[v.name], v) for v in task.variables]
-        pairs += list(zip(self.learner.slot_variables(), learner.slot_variables()))
-        return pairs + [(self.global_step, global_step)]
+    def reduce(
+        self, loss: tf.Tensor, grads: list, values: dict, variables: list
+    ) -> tuple[tf.Tensor, list, dict]:
+        del variables  # the task's trainable variables, whose layouts build_task fetched
+        grads = [
+            None if g is None else dtensor.relayout(tf.convert_to_tensor(g), layout)
+            for g, layout in zip(grads, self._layouts)
+        ]
+        return loss, grads, values
 
-    def store_host(self) -> None:
-        """Copies every DVariable's full value into the host mirror (before a save)."""
-        for dvar, host in self._pairs():
-            layout = dtensor.fetch_layout(dvar)
-            full = dtensor.relayout(
-                dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
-            )
-            host.assign(dtensor.unpack(full)[0])
+    def to_device(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return self.to_mesh(batch)
 
-    def load_host(self) -> None:
-        """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
-        for dvar, host in self._pairs():
-            layout = dtensor.fetch_layout(dvar)
-            value = dtensor.copy_to_mesh(
-                host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
-            )
-            dvar.assign(dtensor.relayout(value, layout))
-
-    # ------------------------------------------------------------------------------ batches
     def to_mesh(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """A batch of regular tensors -> DTensors, the batch dimension split by the ``batch`` rule."""
 
@@ -133,75 +118,80 @@ class MeshTrainStep(TrainStep):
 
         return tf.nest.map_structure(one, batch)
 
-    # ---------------------------------------------------------------------------------- step
-    def _forward(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list, FPropContext, dict]:
-        ctx = FPropContext(training=True, step=self.global_step.read_value(), seed=self._seed)
-        with tf.GradientTape() as tape:
-            metrics = self.task.fprop(ctx, batch)
-            if "loss" not in metrics:
-                raise ConfigError(f"{type(self.task).__name__}.compute_loss must return a 'loss' entry")
-            loss = metrics["loss"][0]
-        grads = tape.gradient(loss, self._variables)
-        grads = [
-            None if g is None else dtensor.relayout(tf.convert_to_tensor(g), layout)
-            for g, layout in zip(grads, self._layouts)
-        ]
-        values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, (value, _) in metrics.items()}
-        return loss, grads, ctx, values
+    def probe_args(self, step: TrainStep) -> tuple:
+        """A DTensor function takes only DTensors: the trace gets a first batch (from a pipeline of
+        its own, so the step's iterator does not move) copied onto the mesh."""
+        return (self.to_mesh(next(iter(step.input.dataset()))),)
 
-    def _loss_and_grads(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
-        loss, grads, _, _ = self._forward(batch)
-        return loss, grads
+    def host(self, x: Any) -> Any:
+        """A replicated DTensor's value as a regular tensor (its first component)."""
+        try:
+            return dtensor.unpack(x)[0]
+        except (TypeError, ValueError, tf.errors.OpError):
+            return x
 
-    def loss_and_grads(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
-        """Loss and gradients (in the variables' layouts) of one regular-tensor batch, no update."""
-        with tracing.user_errors():
-            return self._grads_fn(self.to_mesh(batch))
+    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
+        """Up to ``n`` compiled steps, one batch copied onto the mesh before each; stops at the first
+        non-finite loss (that step changes nothing). Outputs are regular (host) tensors."""
+        compiled = tf.function(step.guarded_step)
 
-    def _one_step(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
-        loss, grads, ctx, values = self._forward(batch)
-        finite = tf.reduce_all(tf.math.is_finite(loss))
-        clash = set(values) & set(RESERVED_SUMMARY_NAMES)
-        if clash:
-            raise ConfigError(
-                f"{type(self.task).__name__}: metric name(s) {sorted(clash)} clash with the trainer's "
-                "own summaries"
-            )
-
-        def apply() -> dict[str, tf.Tensor]:
-            return self._apply(grads, ctx)
-
-        if_finite = tf.cond(finite, apply, lambda: {k: tf.zeros([], tf.float32) for k in _LEARNER_OUTPUTS})
-        return finite, {"task": values, "learner": if_finite}
-
-    def run(self, num_steps: int) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
-        """Up to ``num_steps`` compiled steps, one batch copied onto the mesh before each; stops at the
-        first non-finite loss (that step changes nothing). Outputs are regular (host) tensors."""
-        finite, outputs = tf.constant(True), None
-        with tracing.user_errors():
-            for _ in range(int(num_steps)):
-                batch = self.to_mesh(next(self.iterator))
-                finite, outputs = self._step_fn(batch)
-                finite = _host(finite)
+        def run(num_steps: int) -> StepOutputs:
+            finite, outputs = tf.constant(True), step.zero_outputs
+            for _ in range(num_steps):
+                finite, outputs = compiled(self.to_mesh(next(step.iterator)))
+                finite = self.host(finite)
                 if not bool(finite.numpy()):
                     break
-        return finite, tf.nest.map_structure(_host, outputs)
+            return finite, tf.nest.map_structure(self.host, outputs)
 
-    def weights_finite(self) -> tf.Tensor:
-        """Whether every float variable of the task is finite (a host tensor)."""
-        return _host(self._weights_finite())
+        return run
 
-    @tf.function
-    def _weights_finite(self) -> tf.Tensor:
-        checks = [tf.reduce_all(tf.math.is_finite(v)) for v in self.task.variables if v.dtype.is_floating]
-        return tf.reduce_all(tf.stack(checks))
+    def checkpointer(self, train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
+        return MeshCheckpointer(train_dir, max_to_keep, step)
+
+    # ------------------------------------------------------------------------- host mirror
+    def host_mirror(self, step: TrainStep) -> tuple[tf.Module, Learner, tf.Variable]:
+        """(task, learner, global_step) built without a mesh: what a plain checkpoint holds."""
+        if self._mirror is None:
+            task = self._task_params.instantiate()
+            learner = Learner(self._task_params.train, list(task.trainable_variables))
+            with tf.init_scope():
+                global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self._mirror = (task, learner, global_step)
+        return self._mirror
+
+    def _pairs(self, step: TrainStep) -> list[tuple[tf.Variable, tf.Variable]]:
+        task, learner, global_step = self.host_mirror(step)
+        sharded = {v.name: v for v in step.task.variables}
+        pairs = [(sharded[v.name], v) for v in task.variables]
+        pairs += list(zip(step.learner.slot_variables(), learner.slot_variables()))
+        return pairs + [(step.global_step, global_step)]
+
+    def store_host(self, step: TrainStep) -> None:
+        """Copies every DVariable's full value into the host mirror (before a save)."""
+        for dvar, host in self._pairs(step):
+            layout = dtensor.fetch_layout(dvar)
+            full = dtensor.relayout(
+                dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
+            )
+            host.assign(dtensor.unpack(full)[0])
+
+    def load_host(self, step: TrainStep) -> None:
+        """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
+        for dvar, host in self._pairs(step):
+            layout = dtensor.fetch_layout(dvar)
+            value = dtensor.copy_to_mesh(
+                host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
+            )
+            dvar.assign(dtensor.relayout(value, layout))
 
 
 class MeshCheckpointer(Checkpointer):
-    """A ``Checkpointer`` of a ``MeshTrainStep`` writing and reading the plain format (module doc)."""
+    """The ``Checkpointer`` of a step on a mesh, writing and reading the plain format (module doc)."""
 
-    def __init__(self, train_dir: str, max_to_keep: int, step: MeshTrainStep) -> None:
-        task, learner, global_step = step.host_mirror()
+    def __init__(self, train_dir: str, max_to_keep: int, step: TrainStep) -> None:
+        self._placement: MeshPlacement = step.placement
+        task, learner, global_step = self._placement.host_mirror(step)
         super().__init__(
             train_dir,
             max_to_keep,
@@ -215,34 +205,14 @@ class MeshCheckpointer(Checkpointer):
     def restore_latest(self) -> str | None:
         path = super().restore_latest()
         if path is not None:
-            self._step.load_host()
+            self._placement.load_host(self._step)
         return path
 
     def save(self, step: int) -> str:
-        self._step.store_host()
+        self._placement.store_host(self._step)
         return super().save(step)
 
 
 def make_checkpointer(train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
     """The checkpointer of a train step: the task, learner, global step and input position."""
-    if isinstance(step, MeshTrainStep):
-        return MeshCheckpointer(train_dir, max_to_keep, step)
-    return Checkpointer(
-        train_dir,
-        max_to_keep,
-        task=step.task,
-        learner=step.learner,
-        global_step=step.global_step,
-        iterator=step.iterator,
-    )
-
-
-_LEARNER_OUTPUTS = ("learning_rate", "grad_norm", "grad_scale")
-
-
-def _host(x: Any) -> tf.Tensor:
-    """A replicated DTensor's value as a regular tensor (its first component)."""
-    try:
-        return dtensor.unpack(x)[0]
-    except (TypeError, ValueError, tf.errors.OpError):
-        return x
+    return step.placement.checkpointer(train_dir, max_to_keep, step)

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import math
+import sys
+
+
+def print_line(line: str) -> None:
+    """The trainer's default log: one line to stdout, flushed (a pipe or a log file sees it at once)."""
+    print(line, file=sys.stdout, flush=True)
 
 
 def format_duration(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""The controller and the trainer: one loop in one process.
+"""The one train loop of every mode: the controller and the trainer in one process.
 
 In TensorFlow 2 there is no shared session for a separate controller to read the trainer's variables
 from, so the loop that runs the compiled steps is also the one that owns the logdir: it holds
@@ -9,16 +9,17 @@ The host wakes up only at events: the next multiple of ``log_interval_steps``,
 ``summary_interval_steps`` or ``save_interval_steps``, ``max_steps``, or about a second of work (so
 ``save_interval_seconds`` is honoured); in between, the steps run inside one ``tf.function`` call.
 
-Data parallel (``parallel``, see trainer/distributed.py): every worker runs this loop on its shard of
-the input, in calls of the same number of steps (so their all-reduces pair up); only the chief holds
-the lock and writes params.txt, summaries, progress lines and checkpoints. Checkpoints then hold no
-iterator: a worker's input position is a function of the global step, restored by skipping.
+Where the steps run is the ``placement`` (trainer/placement.py); the loop is the same for all:
+progress lines, summaries, checkpoint cadence, the save on SIGTERM, the stop on NaN, max_steps.
+Sync replicas: every worker runs this loop on its shard of the input, in calls of the same number of
+steps (so their all-reduces pair up); only the chief writes params.txt, summaries, progress lines and
+checkpoints, which then hold no iterator (a worker's input position is a function of the global
+step, restored by skipping). Async: the controller runs it, and each call dispatches its steps to
+the trainers (trainer/async_train.py). A mesh: each call is a Python loop of compiled steps.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -27,20 +28,16 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import checkpointer as checkpointer_lib
-from trainer import distributed, files, logdir_guard, mesh_setup, model_analysis, progress, signals
+from trainer import files, mesh_setup, progress, signals
 from trainer.checkpointer import Checkpointer
-from trainer.lock import TrainerLock
+from trainer.open_logdir import OpenLogdir, open_logdir
+from trainer.placement import OnDevice
+from trainer.progress import print_line
 from trainer.summaries import SummaryWriter
 from trainer.train_step import TrainStep
 
 MAX_SECONDS_PER_CALL = 1.0  # wall time of one compiled call, so time-based saves are not late
 MAX_STEPS_PER_CALL = 1000
-PARALLEL_STEPS_PER_CALL = 50  # fixed, not timed: the workers' calls must run the same steps
-
-
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
 
 
 class TrainLoop:
@@ -49,44 +46,39 @@ class TrainLoop:
     def __init__(
         self,
         root: Params,
-        logdir: str,
+        logdir: str | OpenLogdir,
         *,
-        log: Callable[[str], None] = _print,
+        log: Callable[[str], None] = print_line,
         after_save: Callable[[int], None] | None = None,
-        parallel: distributed.DataParallel | None = None,
+        placement: OnDevice | None = None,
     ) -> None:
-        """``after_save(step)`` runs after each checkpoint (the in-process evalers and decoders).
-        ``parallel``: this worker's place in a data-parallel cluster (None: one process trains)."""
+        """``logdir``: the logdir, opened by the caller (trainer/open_logdir.py; it holds the LOCK when
+        this process writes), or a path this loop opens (and closes) itself. ``after_save(step)``
+        runs after each checkpoint (the in-process evalers and decoders). ``placement``: where the
+        step runs and whether this process writes (trainer/placement.py; None: the cluster's mesh,
+        or this process's device)."""
         self.root = root
-        self.logdir = logdir
-        self.train_dir = files.join(logdir, "train")
+        self._owns_logdir = isinstance(logdir, str)
+        self._opened = open_logdir(root, logdir, trains=True, log=log) if self._owns_logdir else logdir
+        self.logdir = self._opened.logdir
+        self.train_dir = self._opened.train_dir
         self._log = log
         self._after_save = after_save
-        self._parallel = parallel
-        self.is_chief = parallel is None or parallel.is_chief
+        self.placement = placement or mesh_setup.placement_from_cluster(root.cluster)
+        self.is_chief = self.placement.is_chief
         self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train
-        self._lock = TrainerLock(self.train_dir, log=log)
         self._writer: SummaryWriter | None = None
         self.step_fn: TrainStep | None = None
         self.checkpointer: Checkpointer | None = None
-        self._steps_per_call = 1  # grows to about MAX_SECONDS_PER_CALL of work once speed is known
-        self._terminated_workers: Callable[[int, bool], list[int]] | None = None  # data parallel
-        self._sigterm_workers: list[int] = []
+        # Timed placements: grows to about MAX_SECONDS_PER_CALL of work once speed is known.
+        self._steps_per_call = self.placement.steps_per_call or 1
 
     # ------------------------------------------------------------------------------------ set-up
     def __enter__(self) -> TrainLoop:
-        if not self.is_chief:  # writes nothing under the logdir
-            self._setup()
-            return self
+        if self._owns_logdir:
+            self._opened.__enter__()
         try:
-            tf.io.gfile.makedirs(self.train_dir)
-        except (tf.errors.OpError, OSError) as e:
-            raise UserError(f"cannot create {self.train_dir}: {files.reason(e)}") from None
-        self._lock.acquire()
-        try:
-            checkpointer_lib.check_state(self.train_dir)  # before anything is written
-            checkpointer_lib.remove_orphan_temps(self.train_dir, self._log)  # only with the LOCK held
             self._setup()
         except BaseException:
             self.close()
@@ -97,67 +89,33 @@ class TrainLoop:
         self.close()
 
     def _setup(self) -> None:
-        if self._parallel is not None:
-            self._setup_parallel(self._parallel)
-            return
-        params_text = self.root.to_text()
-        self._writer = SummaryWriter(self.train_dir)
-        self.step_fn = mesh_setup.make_train_step(self.root.cluster, self.task_params, self.root.input.train)
-        self.checkpointer = mesh_setup.make_checkpointer(
-            self.train_dir, self.train.save_max_to_keep, self.step_fn
-        )
-        path = self.checkpointer.restore_latest()
-        self.step = int(self.step_fn.global_step.numpy())
-        self._record_run(path, params_text)
-
-    def _record_run(self, restored: str | None, params_text: str) -> None:
-        """The controller's (or chief's) files once the run is accepted and restored: params.txt,
-        model_analysis.txt, and the Params as a text summary."""
-        if restored:
-            self._log(f"trainer: resumed from {restored} at step {self.step}")
-        params_changed = logdir_guard.write_params(self.logdir, params_text, self.step)
-        for path in self.step_fn.input.files_to_keep():  # e.g. a SentencePiece model: the run's copy
-            if (kept := files.join(self.logdir, os.path.basename(path))) != path:
-                tf.io.gfile.copy(path, kept, overwrite=True)
-        files.write_text_atomic(
-            files.join(self.logdir, "model_analysis.txt"),
-            model_analysis.model_analysis(self.step_fn.task, self.step_fn.learner),
-        )
-        if params_changed or self.step == 0:  # once per run, again if a resumed run changed them
-            self._writer.text(self.step, "params", params_text)
-            self._writer.flush()
-
-    def _setup_parallel(self, parallel: distributed.DataParallel) -> None:
-        """A data-parallel worker: the same model and restore on every worker; the chief writes."""
+        """The same model and restore wherever the step runs; the writer records the run."""
         if self.is_chief:
             self._writer = SummaryWriter(self.train_dir)
-        self.step_fn = TrainStep(
-            self.task_params,
-            self.root.input.train,
-            strategy=parallel.strategy,
-            shard=(parallel.worker_index, parallel.num_workers),
+        self.step_fn = TrainStep(self.task_params, self.root.input.train, self.placement)
+        self.checkpointer = self.placement.checkpointer(
+            self.train_dir, self.train.save_max_to_keep, self.step_fn
         )
-        self.checkpointer = Checkpointer(
-            self.train_dir,
-            self.train.save_max_to_keep,
-            task=self.step_fn.task,
-            learner=self.step_fn.learner,
-            global_step=self.step_fn.global_step,
-        )
-        path = self.checkpointer.restore_latest()
+        restored = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())
-        self.step_fn.skip_to(self.step)
-        self._steps_per_call = PARALLEL_STEPS_PER_CALL
-        self._terminated_workers = distributed.terminated_workers(parallel.strategy, parallel.num_workers)
-        if self.is_chief:
-            self._log(f"trainer: {parallel.num_workers} workers in sync; this is the chief ({parallel.name})")
-            self._record_run(path, self.root.to_text())
+        self.placement.restored(self.step_fn, self.step)
+        if not self.is_chief:
+            return
+        if restored:
+            self._log(f"trainer: resumed from {restored} at step {self.step}")
+        params_changed = self._opened.record(
+            self.step, self.step_fn.task, self.step_fn.learner, keep=self.step_fn.input.files_to_keep()
+        )
+        if params_changed or self.step == 0:  # once per run, again if a resumed run changed them
+            self._writer.text(self.step, "params", self.root.to_text())
+            self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._lock.release()
+        if self._owns_logdir:
+            self._opened.close()
 
     # ------------------------------------------------------------------------------------- loop
     def _next_stop(self, step: int, until: int, per_call: int) -> int:
@@ -191,7 +149,7 @@ class TrainLoop:
             if not bool(finite.numpy()):
                 self._diverged(outputs)
             steps_per_sec = (stop - self.step) / max(time.perf_counter() - start, 1e-6)
-            if self._parallel is None:
+            if self.placement.steps_per_call is None:
                 per_call = int(steps_per_sec * MAX_SECONDS_PER_CALL)
                 self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, per_call))
             self.step = stop
@@ -218,37 +176,19 @@ class TrainLoop:
         return self.step
 
     def _stop(self, sigterm: signals.Flag) -> bool:
-        """Whether to stop for SIGTERM now. Data parallel: whether any worker got one (every worker
-        asks at the same steps, so all stop at the same step and the chief saves it)."""
-        if self._terminated_workers is None:
-            return sigterm.raised
-        self._sigterm_workers = self._terminated_workers(self._parallel.worker_index, sigterm.raised)
-        return bool(self._sigterm_workers)
+        """Whether to stop for SIGTERM now (the placement says: a cluster agrees on a step)."""
+        return self.placement.stop_requested(sigterm)
 
     def _terminate(self) -> None:
         """SIGTERM: save at the current step (unless saved already), then stop; the LOCK is released
-        on the way out (``close()``). A data-parallel worker other than the chief saves nothing."""
+        on the way out. A process that does not write the logdir saves nothing."""
         if self.is_chief and self.checkpointer.latest_step != self.step:
             if not bool(self.step_fn.weights_finite().numpy()):
                 raise signals.Terminated(f"terminated by SIGTERM at step {self.step}; not saved (NaN/Inf)")
             path = self.checkpointer.save(self.step)
             self._writer.flush()
             self._log(f"trainer: saved {path}")
-        if self._parallel is not None:
-            names = ", ".join(f"trainer {i}" for i in self._sigterm_workers)
-            saved = (
-                f"saved {self.checkpointer.latest_path}"
-                if self.is_chief
-                else f"the chief saves ckpt-{self.step}"
-            )
-            raise signals.Terminated(
-                f"{self._parallel.name} stopped at step {self.step} with the cluster: {names} got SIGTERM; "
-                f"{saved}; start every process again to resume from it"
-            )
-        raise signals.Terminated(
-            f"terminated by SIGTERM at step {self.step}; saved {self.checkpointer.latest_path}; run the "
-            "same command to resume from it"
-        )
+        raise signals.Terminated(self.placement.terminated(self.step, self.checkpointer.latest_path))
 
     def _write_summaries(self, outputs: dict, steps_per_sec: float) -> None:
         values = {

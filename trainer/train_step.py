@@ -9,10 +9,11 @@ cost of a call is paid once per ``n`` steps; the host only looks at the results 
 A step whose loss is NaN or Inf changes nothing (no update, no step increment) and ends the loop, so
 the weights stay those of the last good step and the caller can refuse to save them.
 
-Data parallel (``--mode=sync``, see trainer/distributed.py): given a ``strategy`` and this worker's
-``shard``, the input yields this worker's share of each global batch, the loop runs in the
-strategy's replica context, and gradients and metrics are averaged over the replicas (all-reduce)
-before they are applied, so every replica applies the same update to its own copy of the weights.
+What a step computes is written here once; where it runs is its placement (trainer/placement.py):
+the caller's device, sync replicas (this worker's input shard, the loop in the strategy's replica
+context, gradients and metrics averaged over the replicas before they are applied), parameter
+servers (trainer/async_train.py: steps dispatched to the trainers) or a DTensor mesh
+(trainer/mesh_setup.py: a Python loop of compiled steps, each batch copied onto the mesh).
 """
 
 from __future__ import annotations
@@ -23,41 +24,35 @@ from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import distributed, tracing
+from trainer import tracing
+from trainer.placement import OnDevice, StepOutputs
 
 # Names the trainer writes next to the task's metrics in train summaries.
 RESERVED_SUMMARY_NAMES = ("steps_per_sec", "examples_per_sec")
 
 
 class TrainStep:
-    """The task, its learner, the global step and the train input iterator, and the compiled step."""
+    """The task, its learner, the global step and the train input iterator, and the compiled step,
+    built and run where ``placement`` says (trainer/placement.py; default: the caller's device)."""
 
-    def __init__(
-        self,
-        task_params: Params,
-        input_params: Params,
-        *,
-        strategy: tf.distribute.Strategy | None = None,
-        shard: tuple[int, int] = (0, 1),
-    ) -> None:
-        """``strategy`` (data parallel): the loop runs in its replica context; ``shard``: (worker, of)."""
-        self.task = task_params.instantiate()
-        self.input = input_params.instantiate()
-        self.input.shard(*shard)
-        self.iterator = iter(self.input.dataset())
-        self._strategy = strategy
-        with tf.init_scope():
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self._variables = list(self.task.trainable_variables)
-        if not self._variables:
-            raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
-        self.learner = Learner(task_params.train, self._variables)
+    def __init__(self, task_params: Params, input_params: Params, placement: OnDevice | None = None) -> None:
+        self.placement = placement = placement or OnDevice()
+        with placement.scope():
+            self.task = placement.build_task(task_params)
+            self.input = input_params.instantiate()
+            self.input.shard(*placement.shard())
+            self.iterator = iter(self.input.dataset())
+            self.global_step = placement.global_step()
+            self._variables = list(self.task.trainable_variables)
+            if not self._variables:
+                raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
+            self.learner = Learner(task_params.train, self._variables)
         self._seed = self.task.params.random_seed
-        self._zero_outputs = self._output_zeros()
-        if strategy is None:
-            self._run = tf.function(self._run_steps)
-        else:
-            self._run = tf.function(lambda n: strategy.run(self._run_steps, args=(n,)))
+        self._task_params = task_params
+        self.zero_outputs = self._output_zeros()
+        self._run = placement.compile(self)
+        self._weights_finite = tf.function(self._all_finite)
+        self._grads = tf.function(self._loss_and_grads)
 
     @property
     def batch_size(self) -> int:
@@ -68,13 +63,13 @@ class TrainStep:
         iterator is not in the checkpoint: every worker's position is a function of the step)."""
         self.iterator = iter(self.input.dataset().skip(step))
 
-    def run(self, num_steps: int) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+    def run(self, num_steps: int) -> StepOutputs:
         """Runs up to ``num_steps`` steps; returns (all losses finite, outputs of the last step run).
 
         Outputs are ``{'task': {metric: value}, 'learner': {name: value}}`` scalars, not fetched.
         """
         with tracing.user_errors():
-            return self._run(tf.constant(num_steps, tf.int32))
+            return self._run(int(num_steps))
 
     # ----------------------------------------------------------------------------------- the step
     def _forward_backward(self, batch: dict | None = None) -> tuple[tf.Tensor, list, FPropContext, dict]:
@@ -88,20 +83,7 @@ class TrainStep:
             loss = metrics["loss"][0]
         grads = tape.gradient(loss, self._variables)
         values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, (value, _) in metrics.items()}
-        replica = tf.distribute.get_replica_context()
-        if self._strategy is not None and replica is not None and replica.num_replicas_in_sync > 1:
-            # Equal shards of the global batch: the mean over replicas is the global batch's value.
-            mean = tf.distribute.ReduceOp.MEAN
-            grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
-            present = [i for i, g in enumerate(grads) if g is not None]
-            names = sorted(values)
-            reduced = distributed.all_reduce_packed(
-                replica, mean, [grads[i] for i in present] + [values[n] for n in names]
-            )
-            for i, g in zip(present, reduced):
-                grads[i] = g
-            values = dict(zip(names, reduced[len(present) :]))
-            loss = tf.cast(values["loss"], loss.dtype)  # the same on every replica: all stop together
+        loss, grads, values = self.placement.reduce(loss, grads, values, self._variables)
         return loss, grads, ctx, values
 
     def _apply(self, grads: list, ctx: FPropContext) -> dict[str, tf.Tensor]:
@@ -115,12 +97,13 @@ class TrainStep:
         """Zeros shaped like one step's outputs (the loop's initial value and a skipped step's result),
         from a trace of the step that is never run."""
 
-        def probe() -> dict[str, dict[str, tf.Tensor]]:
-            _, grads, ctx, values = self._forward_backward()
+        def probe(*batch: dict) -> dict[str, dict[str, tf.Tensor]]:
+            _, grads, ctx, values = self._forward_backward(*batch)
             return {"task": values, "learner": self._apply(grads, ctx)}
 
         with tracing.user_errors():
-            spec = tf.function(probe).get_concrete_function().structured_outputs
+            args = self.placement.probe_args(self)
+            spec = tf.function(probe).get_concrete_function(*args).structured_outputs
         clash = set(spec["task"]) & (set(spec["learner"]) | set(RESERVED_SUMMARY_NAMES))
         if clash:
             raise ConfigError(
@@ -135,11 +118,14 @@ class TrainStep:
         loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
         learner_out = tf.cond(
-            finite, lambda: self._apply(grads, ctx), lambda: dict(self._zero_outputs["learner"])
+            finite, lambda: self._apply(grads, ctx), lambda: dict(self.zero_outputs["learner"])
         )
         return finite, {"task": values, "learner": learner_out}
 
-    def _run_steps(self, num_steps: tf.Tensor) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+    def run_steps(self, num_steps: tf.Tensor) -> StepOutputs:
+        """Up to ``num_steps`` steps in one tf.while_loop (a placement compiles it), stopping after
+        the first whose loss is not finite."""
+
         def cond(i, finite, outputs):
             return tf.logical_and(i < num_steps, finite)
 
@@ -148,9 +134,18 @@ class TrainStep:
             return i + 1, finite, outputs
 
         _, finite, outputs = tf.while_loop(
-            cond, body, (tf.constant(0), tf.constant(True), self._zero_outputs), parallel_iterations=1
+            cond, body, (tf.constant(0), tf.constant(True), self.zero_outputs), parallel_iterations=1
         )
         return finite, outputs
+
+    def loss_and_grads(self, batch: dict) -> tuple[tf.Tensor, list]:
+        """Loss and gradients of one host batch, updating nothing (compiled where the step runs)."""
+        with tracing.user_errors():
+            return self._grads(self.placement.to_device(batch))
+
+    def _loss_and_grads(self, batch: dict) -> tuple[tf.Tensor, list]:
+        loss, grads, _, _ = self._forward_backward(batch)
+        return loss, grads
 
     def gradients_function(self):
         """A compiled forward and backward pass on the next train batch that updates nothing: returns
@@ -164,8 +159,11 @@ class TrainStep:
         return tf.function(forward_backward)
 
     # ---------------------------------------------------------------------------------- checks
-    @tf.function
     def weights_finite(self) -> tf.Tensor:
-        """Whether every float variable of the task is finite (checked before each save)."""
+        """Whether every float variable of the task is finite (checked before each save; a host
+        tensor)."""
+        return self.placement.host(self._weights_finite())
+
+    def _all_finite(self) -> tf.Tensor:
         checks = [tf.reduce_all(tf.math.is_finite(v)) for v in self.task.variables if v.dtype.is_floating]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)

@@ -210,3 +210,20 @@ def test_measured_partitioning_needs_the_micro_batch_size():
     )
     with pytest.raises(ConfigError, match=r"measured' times each layer at the micro-batch size"):
         p.instantiate()
+
+
+def test_cut_is_the_one_partitioner_of_stages_and_blocks():
+    asked = []
+
+    def costs(method: str) -> list[float]:
+        asked.append(method)
+        return [1.0, 1.0, 1.0, 9.0]
+
+    assert partition.cut(4, 2, [1], "flops", costs) == [0, 1, 4]  # split points win
+    assert partition.cut(4, 2, [], "uniform", costs) == [0, 2, 4]
+    assert asked == []  # no estimate unless the cut balances a cost
+    assert partition.cut(4, 2, [], "params", costs) == [0, 3, 4]
+    assert asked == ["params"]
+    with pytest.raises(ConfigError):
+        partition.cut(2, 3, [], "flops", costs)
+    assert asked == ["params"]  # the counts are checked before any estimate

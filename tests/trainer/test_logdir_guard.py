@@ -93,10 +93,24 @@ def test_same_params_and_an_empty_logdir_pass_silently(logdir, data_dir, tmp_pat
 
 def test_allow_params_change_turns_a_refusal_into_a_warning(logdir, data_dir):
     lines = []
-    root = _root(data_dir, "task.input_dim : 5")
+    root = _root(data_dir, "task.train.learning_rate : 0.5")
     changes = logdir_guard.check(root, str(logdir), trains=True, allow=True, log=lines.append)
-    assert "< task.input_dim : 3" in changes or any(c.startswith("< task.input_dim") for c in changes)
-    assert lines[0].startswith("trainer: warning: the model's variables differ")
+    assert "> task.train.learning_rate : 0.5" in changes
+    assert lines[0].startswith("trainer: warning: its run finished at step 30")
+
+
+@pytest.mark.slow
+def test_allow_params_change_with_changed_shapes_is_refused_before_any_restore(logdir, data_dir):
+    """Every checkpoint of the logdir holds the old shapes: a new logdir is the way (issue 32, 3)."""
+    before = {p: p.read_bytes() for p in logdir.rglob("*") if p.is_file()}
+    result = runner.run(logdir, data_dir, "--allow_params_change", override="task.input_dim : 5")
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1, result.stderr
+    assert "variables differ from checkpoint" in errors[0] and "->" in errors[0]
+    assert "even with --allow_params_change" in errors[0] and "new --logdir" in errors[0]
+    assert "resumed" not in result.stdout and "Traceback" not in result.stderr
+    assert {p: p.read_bytes() for p in logdir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ def run_worker(spec: dict) -> int:
     out: dict[str, Any] = {"param_bytes": sum(local_bytes(v) for v in step.task.variables)}
     batch = next(iter(exp.train().instantiate().dataset()))
     if mesh is not None:
-        batch = step.to_mesh(batch)
+        batch = step.placement.to_mesh(batch)
     recorded: list[int] = []
     original = BaseLayer.shard_activation
 
