@@ -9,10 +9,11 @@ given again replace them, ``--params_override=...`` adds to them) or to pytest (
 stops the command with its own one line. Standard library only: this runs before any dependency
 exists.
 
-``test`` runs pytest on TEST_WORKERS processes (pytest-xdist's ``-n``, with ``--dist worksteal`` so an
-idle worker takes tests queued on a busy one): most tests wait on the trainer subprocesses they start,
-so more workers than cores keep the cores busy. Give ``-n N`` (``-n 0``: one process, no workers),
-``--numprocesses``, ``--dist`` or ``-p no:xdist`` yourself to choose otherwise.
+``test`` runs pytest on TEST_WORKERS processes (pytest-xdist's ``-n``): most tests wait on the trainer
+subprocesses they start, so more workers than cores keep the cores busy. ``--dist loadgroup`` hands
+out one test at a time, except that the tests marked with one ``xdist_group`` run together, in order,
+in one worker (tests that share a process's state). Give ``-n N`` (``-n 0``: one process, no
+workers), ``--numprocesses``, ``--dist`` or ``-p no:xdist`` yourself to choose otherwise.
 """
 
 from __future__ import annotations
@@ -76,12 +77,12 @@ def main(argv: list[str]) -> int:
 
 
 def xdist_args(extra: list[str]) -> list[str]:
-    """``-n TEST_WORKERS --dist worksteal`` unless the user's pytest arguments choose the workers."""
+    """``-n TEST_WORKERS --dist loadgroup`` unless the user's pytest arguments choose the workers."""
     chosen = ("-n", "--numprocesses", "--dist", "-pno:xdist")
     for before, arg in zip(["", *extra], extra):
         if arg.startswith(chosen) or (before == "-p" and arg == "no:xdist"):
             return []
-    return ["-n", str(TEST_WORKERS), "--dist", "worksteal"]
+    return ["-n", str(TEST_WORKERS), "--dist", "loadgroup"]
 
 
 def run_quietly(args: list[str]) -> int:
