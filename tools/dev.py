@@ -10,10 +10,10 @@ stops the command with its own one line. Standard library only: this runs before
 exists.
 
 ``test`` runs pytest on TEST_WORKERS processes (pytest-xdist's ``-n``): most tests wait on the trainer
-subprocesses they start, so more workers than cores keep the cores busy. ``--dist loadgroup`` hands
-out one test at a time, except that the tests marked with one ``xdist_group`` run together, in order,
-in one worker (tests that share a process's state). Give ``-n N`` (``-n 0``: one process, no
-workers), ``--numprocesses``, ``--dist`` or ``-p no:xdist`` yourself to choose otherwise.
+subprocesses they start, so more workers than cores keep the cores busy. ``--dist loadfile`` keeps each
+test file's tests together, in order, in one worker (module fixtures are made once, and a file's tests
+may share its process's state, as tests/params/test_fuzz.py's input counts). Give ``-n N`` (``-n 0``:
+one process, no workers), ``--numprocesses``, ``--dist`` or ``-p no:xdist`` yourself to choose otherwise.
 """
 
 from __future__ import annotations
@@ -77,12 +77,12 @@ def main(argv: list[str]) -> int:
 
 
 def xdist_args(extra: list[str]) -> list[str]:
-    """``-n TEST_WORKERS --dist loadgroup`` unless the user's pytest arguments choose the workers."""
+    """``-n TEST_WORKERS --dist loadfile`` unless the user's pytest arguments choose the workers."""
     chosen = ("-n", "--numprocesses", "--dist", "-pno:xdist")
     for before, arg in zip(["", *extra], extra):
         if arg.startswith(chosen) or (before == "-p" and arg == "no:xdist"):
             return []
-    return ["-n", str(TEST_WORKERS), "--dist", "loadgroup"]
+    return ["-n", str(TEST_WORKERS), "--dist", "loadfile"]
 
 
 def run_quietly(args: list[str]) -> int:

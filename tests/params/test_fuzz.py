@@ -33,7 +33,6 @@ settings.register_profile(
     suppress_health_check=list(HealthCheck),
 )
 FUZZ = settings.get_profile("tensorpipe_fuzz")
-pytestmark = pytest.mark.xdist_group("test_fuzz")  # one process: test_fuzz_counts reads the others' counts
 
 
 @pytest.fixture(scope="module", autouse=True)
