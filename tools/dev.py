@@ -8,6 +8,13 @@ changes. Extra arguments go to the trainer after the defaults (``train``: ``--mo
 given again replace them, ``--params_override=...`` adds to them) or to pytest (``test``). Ctrl-C
 stops the command with its own one line. Standard library only: this runs before any dependency
 exists.
+
+``test`` runs pytest on TEST_WORKERS processes (pytest-xdist's ``-n``): most tests wait on the trainer
+subprocesses they start, so more workers than cores keep the cores busy. ``--dist loadscope``, as
+tests/conftest.py schedules it, hands tests out one by one (the long ones, such as each document's
+commands, spread over the workers), except that a test file defining a module-scoped fixture goes to
+one worker whole, so the fixture is made once. Give ``-n N`` (``-n 0``:
+one process, no workers), ``--numprocesses``, ``--dist`` or ``-p no:xdist`` yourself to choose otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ VENV = ROOT / ".venv"
 LOCK = ROOT / "requirements.lock"
 STAMP = VENV / ".requirements.sha256"
 DEFAULT_TRAIN_ARGS = ["--model=image.digits.ConvNet", "--logdir=runs/digits"]
+TEST_WORKERS = 3
 
 
 def venv_python() -> Path:
@@ -67,8 +75,17 @@ def main(argv: list[str]) -> int:
     if command == "train":
         args = [str(python), "-m", "trainer", *DEFAULT_TRAIN_ARGS, *extra]  # absl: a later flag wins
     else:
-        args = [str(python), "-m", "pytest", *extra]
+        args = [str(python), "-m", "pytest", *xdist_args(extra), *extra]
     return run_quietly(args)
+
+
+def xdist_args(extra: list[str]) -> list[str]:
+    """``-n TEST_WORKERS --dist loadscope`` unless the user's pytest arguments choose the workers."""
+    chosen = ("-n", "--numprocesses", "--dist", "-pno:xdist")
+    for before, arg in zip(["", *extra], extra):
+        if arg.startswith(chosen) or (before == "-p" and arg == "no:xdist"):
+            return []
+    return ["-n", str(TEST_WORKERS), "--dist", "loadscope"]
 
 
 def run_quietly(args: list[str]) -> int:

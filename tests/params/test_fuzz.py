@@ -55,34 +55,41 @@ def _check(call) -> None:
         gin.clear_config()
 
 
-def _counted(counts: dict, name: str):
-    counts[name] = counts.get(name, 0) + 1
+def _fuzz(strategy, body) -> None:
+    """Runs ``body`` on EXAMPLES inputs drawn from ``strategy`` and checks that it saw them all (so a
+    filter or a health check cannot quietly shrink the run). Each test counts its own inputs, so the
+    tests stay independent (any order, any xdist worker)."""
+    seen = []
+
+    @FUZZ
+    @given(strategy)
+    def run(value):
+        seen.append(1)
+        body(value)
+
+    run()
+    assert len(seen) >= EXAMPLES, f"{len(seen)} fuzz inputs, expected {EXAMPLES}"
 
 
-_COUNTS: dict[str, int] = {}
+def test_fuzz_params_override():
+    _fuzz(fuzz_inputs.text, lambda text: _check(lambda: experiment.resolve(MODEL, params_override=text)))
 
 
-@FUZZ
-@given(fuzz_inputs.text)
-def test_fuzz_params_override(text):
-    _counted(_COUNTS, "params_override")
-    _check(lambda: experiment.resolve(MODEL, params_override=text))
-
-
-@FUZZ
-@given(st.one_of(st.binary(max_size=60), fuzz_inputs.text.map(lambda t: t.encode("utf-8", "surrogatepass"))))
-def test_fuzz_params_file(tmp_path_factory, data):
-    _counted(_COUNTS, "params_file")
+def test_fuzz_params_file(tmp_path_factory):
     path = tmp_path_factory.getbasetemp() / "fuzz_params.txt"
-    path.write_bytes(data)
-    _check(lambda: experiment.resolve(MODEL, params_file_override=str(path)))
+
+    def one(data: bytes) -> None:
+        path.write_bytes(data)
+        _check(lambda: experiment.resolve(MODEL, params_file_override=str(path)))
+
+    _fuzz(
+        st.one_of(st.binary(max_size=60), fuzz_inputs.text.map(lambda t: t.encode("utf-8", "surrogatepass"))),
+        one,
+    )
 
 
-@FUZZ
-@given(fuzz_inputs.gin_text)
-def test_fuzz_gin_param(text):
-    _counted(_COUNTS, "gin_param")
-    _check(lambda: experiment.resolve(MODEL, gin_bindings=[text]))
+def test_fuzz_gin_param():
+    _fuzz(fuzz_inputs.gin_text, lambda text: _check(lambda: experiment.resolve(MODEL, gin_bindings=[text])))
 
 
 def _tree() -> Params:
@@ -101,18 +108,8 @@ def _tree() -> Params:
     return p
 
 
-@FUZZ
-@given(fuzz_inputs.text)
-def test_fuzz_params_text(text):
-    _counted(_COUNTS, "params_text")
-    _check(lambda: _tree().from_text(text))
-
-
-def test_fuzz_counts():
-    """Runs last in this file: every parser saw at least EXAMPLES inputs."""
-    print(f"fuzz inputs per parser: {_COUNTS}")
-    for name in ("params_override", "params_file", "gin_param", "params_text"):
-        assert _COUNTS.get(name, 0) >= EXAMPLES, _COUNTS
+def test_fuzz_params_text():
+    _fuzz(fuzz_inputs.text, lambda text: _check(lambda: _tree().from_text(text)))
 
 
 # ---------------------------------------------------------------- params whose default is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,13 @@ def _run(args: list[str], timeout: float = 600, **kwargs) -> subprocess.Complete
     return result
 
 
+def _export(logdir: Path) -> Path:
+    out = _run([sys.executable, "-m", "tools.export", f"--logdir={logdir}"], cwd=REPO, env=_env())
+    step = max(int(p.name) for p in (logdir / "export").iterdir())
+    assert f"export: wrote {logdir / 'export' / str(step)}" in out.stdout
+    return logdir / "export" / str(step)
+
+
 def _train_and_export(tmp_path: Path, model: str, override: str) -> tuple[Path, Path]:
     logdir = tmp_path / "run"
     _run(
@@ -65,10 +73,7 @@ def _train_and_export(tmp_path: Path, model: str, override: str) -> tuple[Path, 
         cwd=REPO,
         env=_env(),
     )
-    out = _run([sys.executable, "-m", "tools.export", f"--logdir={logdir}"], cwd=REPO, env=_env())
-    step = max(int(p.name) for p in (logdir / "export").iterdir())
-    assert f"export: wrote {logdir / 'export' / str(step)}" in out.stdout
-    return logdir, logdir / "export" / str(step)
+    return logdir, _export(logdir)
 
 
 def _load_without_repo(tmp_path: Path, export_dir: Path, signature: str, input_name: str, inputs, chunk: int):
@@ -89,17 +94,19 @@ def _decoded(logdir: Path, dataset: str, step: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_digits_export_loads_without_the_repo_and_equals_the_decoder(tmp_path):
-    override = "task.train.max_steps : 30; task.train.save_interval_steps : 30; task.train.warmup_steps : 5"
-    logdir, export_dir = _train_and_export(tmp_path, "image.digits.ConvNet", override)
+def test_digits_export_loads_without_the_repo_and_equals_the_decoder(tmp_path, default_run):
+    """On a copy of the default experiment's run (tests/conftest.py trains it once for the test run)."""
+    logdir = tmp_path / "run"
+    shutil.copytree(default_run.logdir, logdir)
+    export_dir = _export(logdir)
     root = experiment.resolve("image.digits.ConvNet")
-    dev = root.input.dev.instantiate()
-    images = np.concatenate([batch["image"].numpy() for batch in dev.dataset()])
+    test = root.input.test.instantiate()
+    images = np.concatenate([batch["image"].numpy() for batch in test.dataset()])
     plain = _load_without_repo(
-        tmp_path, export_dir, "serving_default", "images", images, dev.params.batch_size
+        tmp_path, export_dir, "serving_default", "images", images, test.params.batch_size
     )
 
-    records = _decoded(logdir, "dev", 30)
+    records = _decoded(logdir, "test", 1500)
     assert len(records) == len(images) == 270
     assert plain["classes"] == [r["predicted"] for r in records]
     best = np.max(np.array(plain["probabilities"]), axis=1)
