@@ -87,6 +87,7 @@ def default_run(tmp_path_factory) -> TrainedRun:
     )
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadscope`` (what ``tools/dev.py test`` runs), as this suite wants it: a test file that
     defines a module-scoped fixture (a logdir trained once for the module) goes to one worker whole,

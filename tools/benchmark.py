@@ -14,7 +14,7 @@ from tools import benchmarks
 from trainer import tf_startup
 
 # Modules of tools/benchmarks/ that benchmarks import, not benchmarks themselves.
-LIBRARIES = ("harness",)
+LIBRARIES = ("harness", "text_input")
 
 
 def available() -> list[str]:

@@ -44,6 +44,11 @@ def check(root: Params, *, build: bool = True) -> None:
             root.input.get(name).instantiate()
         with tf.device("/CPU:0"):
             _trace_forward(root)
+    except ValueError as e:  # TensorFlow's shape errors while tracing: the model does not fit its input
+        if isinstance(e, ConfigError):
+            raise ConfigError(name_the_key(root, str(e))) from None
+        detail = next((line.strip() for line in str(e).splitlines() if "Error:" in line), str(e).strip())
+        raise ConfigError(f"the task's forward pass does not fit its input: {detail[:500]}") from None
     except ConfigError as e:
         raise ConfigError(name_the_key(root, str(e))) from None
 

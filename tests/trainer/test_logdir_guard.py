@@ -60,7 +60,7 @@ def test_another_experiment_is_refused_and_params_txt_is_unchanged(logdir):
 @pytest.mark.slow
 def test_changed_shapes_are_refused_and_params_txt_is_unchanged(logdir, data_dir):
     before = (logdir / "params.txt").read_text()
-    result = runner.run(logdir, data_dir, override="task.input_dim : 5")
+    result = runner.run(logdir, data_dir, override="task.input_dim : 3")
     assert result.returncode == 2, result.stdout + result.stderr
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "variables differ from checkpoint" in errors[0], result.stderr
@@ -103,7 +103,7 @@ def test_allow_params_change_turns_a_refusal_into_a_warning(logdir, data_dir):
 def test_allow_params_change_with_changed_shapes_is_refused_before_any_restore(logdir, data_dir):
     """Every checkpoint of the logdir holds the old shapes: a new logdir is the way (issue 32, 3)."""
     before = {p: p.read_bytes() for p in logdir.rglob("*") if p.is_file()}
-    result = runner.run(logdir, data_dir, "--allow_params_change", override="task.input_dim : 5")
+    result = runner.run(logdir, data_dir, "--allow_params_change", override="task.input_dim : 3")
     assert result.returncode == 2, result.stdout + result.stderr
     errors = error_lines(result.stderr)
     assert len(errors) == 1, result.stderr

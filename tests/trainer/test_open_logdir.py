@@ -19,7 +19,7 @@ from tests.trainer.runner import data_override, error_lines
 STEPS = 10
 SMALL = (
     f"task.train.max_steps : {STEPS}; task.train.save_interval_steps : {STEPS}; "
-    "cluster.intra_op_threads : 1; cluster.inter_op_threads : 1"
+    "task.train.warmup_steps : 1; cluster.intra_op_threads : 1; cluster.inter_op_threads : 1"
 )
 MESH = "cluster.num_logical_cpu_devices : 2; cluster.mesh_shape : [2]; cluster.mesh_axis_names : ['data']"
 OTHER = "--model=image.digits.ConvNet"
