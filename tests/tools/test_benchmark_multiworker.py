@@ -46,7 +46,7 @@ def test_a_bad_knob_stops_the_benchmark_with_the_trainers_message():
 def test_two_rounds_print_each_run_and_the_ratios_of_the_best():
     proc = subprocess.run(
         [
-            sys.executable, "-m", "tools.benchmark", "multiworker", "--steps=40", "--log_every=10",
+            sys.executable, "-m", "tools.benchmark", "multiworker", "--steps=110", "--log_every=20",
             "--skip_lines=1", "--batch_size=64", "--no_async", "--rounds=2", "--timeout=240",
         ],
         cwd=REPO_ROOT,
