@@ -20,7 +20,7 @@ from absl import app, flags  # noqa: E402
 
 from params import experiment, registry  # noqa: E402
 from params.errors import ConfigError, UserError  # noqa: E402
-from params.hyperparams import Params  # noqa: E402
+from params.hyperparams import InstantiableParams, Params  # noqa: E402
 from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
 MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets", "profile_pipeline")
@@ -159,7 +159,9 @@ def inspect_datasets(root: Params) -> str:
     for name in root.input.names():
         jobs = "trainer" if name == "train" else f"evaler_{name}, decoder_{name}"
         body = "".join(f"  {line}\n" for line in root.input.get(name).to_text().splitlines())
-        data = root.input.get(name).instantiate().inspect()  # e.g. decoded examples, lengths
+        p = root.input.get(name)
+        # What the input shows of its data (decoded examples, lengths), when it is an input generator.
+        data = p.instantiate().inspect() if isinstance(p, InstantiableParams) else ""
         blocks.append(f"{name} (jobs: {jobs})\n{body}{data}")
     return "\n".join(blocks)
 

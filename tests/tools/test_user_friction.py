@@ -27,7 +27,7 @@ def test_dev_train_appends_extra_arguments_to_the_defaults():
             "tools/dev.py",
             "train",
             "--mode=inspect_params",
-            "--params_override=task.train.max_steps : 7",
+            "--params_override=task.train.max_steps : 7; task.train.warmup_steps : 1",
         ]
     )
     assert result.returncode == 0, result.stderr
