@@ -540,8 +540,12 @@ def coerce_value(key: str, value: Any, current: Any, shown: str | None = None, d
         expected = "an int"
     elif isinstance(current, float):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        expected = "a float"
+            try:
+                return float(value)
+            except OverflowError:  # an int past a float's range (10**400)
+                expected = "a float (this int is past a float's range)"
+        else:
+            expected = "a float"
     elif isinstance(current, str):
         if isinstance(value, str):
             return value

@@ -22,10 +22,15 @@ from params.errors import ConfigError  # noqa: E402
 from tools import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "Text files, one sentence per line: globs separated by commas.")
-flags.DEFINE_string("output", None, "Shard path prefix: <output>-NNNNN-of-NNNNN.tfrecord.")
-flags.DEFINE_integer("num_shards", 8, "Shards to write (lines go round-robin).")
-flags.DEFINE_string("feature", "text", "Name of the bytes feature holding each line.")
+
+
+def define_flags() -> None:
+    """The binary's flags, defined when it runs (not on import: a test may import this module beside
+    another binary whose flags share names)."""
+    flags.DEFINE_string("input", None, "Text files, one sentence per line: globs separated by commas.")
+    flags.DEFINE_string("output", None, "Shard path prefix: <output>-NNNNN-of-NNNNN.tfrecord.")
+    flags.DEFINE_integer("num_shards", 8, "Shards to write (lines go round-robin).")
+    flags.DEFINE_string("feature", "text", "Name of the bytes feature holding each line.")
 
 
 def shard_paths(output: str, num_shards: int) -> list[str]:
@@ -81,4 +86,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run_main("make_shards", main)

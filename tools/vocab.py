@@ -23,17 +23,22 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from tools import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "Text files, one sentence per line: globs separated by commas.")
-flags.DEFINE_integer("vocab_size", 8000, "Pieces in the model, the 4 special ids included.")
-flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece's algorithm.")
-flags.DEFINE_string("output", None, "The .model file to write (any tf.io.gfile path).")
-flags.DEFINE_float("character_coverage", 1.0, "Share of characters covered (0.9995 for large alphabets).")
-flags.DEFINE_integer(
-    "max_lines", 1_000_000, "Lines sampled for training (SentencePiece's input_sentence_size)."
-)
-flags.DEFINE_string(
-    "normalization", "nmt_nfkc", "SentencePiece normalization rule: nmt_nfkc (NFKC), identity (none), ..."
-)
+
+
+def define_flags() -> None:
+    """The binary's flags, defined when it runs (not on import: a test may import this module beside
+    another binary whose flags share names)."""
+    flags.DEFINE_string("input", None, "Text files, one sentence per line: globs separated by commas.")
+    flags.DEFINE_integer("vocab_size", 8000, "Pieces in the model, the 4 special ids included.")
+    flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece's algorithm.")
+    flags.DEFINE_string("output", None, "The .model file to write (any tf.io.gfile path).")
+    flags.DEFINE_float("character_coverage", 1.0, "Share of characters covered (0.9995 for large alphabets).")
+    flags.DEFINE_integer(
+        "max_lines", 1_000_000, "Lines sampled for training (SentencePiece's input_sentence_size)."
+    )
+    flags.DEFINE_string(
+        "normalization", "nmt_nfkc", "SentencePiece normalization rule: nmt_nfkc (NFKC), identity (none), ..."
+    )
 
 
 def train(
@@ -105,4 +110,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run_main("vocab", main)
