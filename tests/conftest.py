@@ -28,8 +28,6 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES
 )
 
-from tests.trainer.runner import REPO, _env  # noqa: E402 (after TensorFlow's devices are set)
-
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
     """``make(directory)`` once for the whole test run: the first process (pytest, or the first xdist
@@ -60,6 +58,8 @@ class TrainedRun:
 def default_run(tmp_path_factory) -> TrainedRun:
     """The README's first command as written (``python -m trainer --model=image.digits.ConvNet``, its
     1500 steps, evaler and decoder), run once for every test that needs a trained default logdir."""
+
+    from tests.trainer.runner import REPO, _env  # here: Bazel's params tests carry no tests/trainer
 
     def train(directory: Path) -> None:
         directory.mkdir()
