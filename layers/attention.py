@@ -16,8 +16,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from layers import checks
-from layers import mesh as mesh_lib
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
+from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
 

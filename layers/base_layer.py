@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from layers import mesh as mesh_lib
+from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import DTYPE, InstantiableParams, Params
 
@@ -48,7 +48,7 @@ def weight_params(
     dims: list[str | None] | None = None,
 ) -> Params:
     """Describes one weight: shape, initializer (None: the layer's weight_init), dtype, trainable, and
-    the logical names of its dimensions (``layers.mesh``'s layout rules split them on a mesh)."""
+    the logical names of its dimensions (``layers.parallel.mesh``'s layout rules split them on a mesh)."""
     p = Params()
     p.define("shape", list(shape), "Shape of the weight.")
     p.define("init", init, "weight_init_params(); None uses the layer's weight_init.")

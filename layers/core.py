@@ -12,10 +12,10 @@ import math
 import tensorflow as tf
 
 from layers import activations, checks
-from layers import mesh as mesh_lib
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from layers.containers import OnKeyLayer, RepeatLayer, SequentialLayer
 from layers.normalization import BatchNormLayer, LayerNorm
+from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams
 

@@ -28,7 +28,7 @@ from layers.attention import (
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from layers.beam_search import StepFn
 from layers.core import DropoutLayer, EmbeddingLayer, LayerNorm, ProjectionLayer
-from layers.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 

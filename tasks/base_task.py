@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from layers import gpipe
 from layers.base_layer import BaseLayer, FPropContext
+from layers.parallel.pipeline import gpipe
 from params.hyperparams import InstantiableParams, Params
 from tasks import learner
 

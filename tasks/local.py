@@ -3,7 +3,7 @@ heads' metrics (one ``block<k>_aux_<name>`` summary per block)."""
 
 from __future__ import annotations
 
-from layers import local_parallel
+from layers.parallel import local as local_parallel
 from tasks.base_task import Metrics
 
 

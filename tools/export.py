@@ -41,7 +41,7 @@ flags.DEFINE_string(
 
 def single_device(p: Params) -> Params:
     """``p`` with every GPipeLayer built as one stage, one micro-batch, on the caller's device."""
-    from layers.gpipe import GPipeLayer
+    from layers.parallel.pipeline.gpipe import GPipeLayer
 
     p = p.copy()
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m tools.pipeline_sim --num_stages=2 --num_micro_batches=8 \\
         --forward_ms=3.1,2.4 --backward_ms=6.0,4.9 --remat=always --png=/tmp/k2
 
-Prints one JSON line per schedule (every one in layers/pipeline_schedule.py, interleaved_1f1b only
+Prints one JSON line per schedule (every one in layers/parallel/pipeline/schedule.py, interleaved_1f1b only
 when M is a multiple of K; or those named by --schedule, comma-separated). Stage costs are one
 micro-batch's time on each stage: give one value for every stage alike or one per stage; the
 backward defaults to twice the forward, the recompute to the forward, and the zero-bubble
@@ -22,8 +22,8 @@ import argparse
 import json
 import sys
 
-from layers import pipeline_schedule as schedules
-from layers import pipeline_simulator as simulator
+from layers.parallel.pipeline import schedule as schedules
+from layers.parallel.pipeline import simulator
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
             return 2
         line = prediction.summary()
         if args.trace:
-            from trainer import pipeline_trace
+            from trainer.pipeline_views import trace as pipeline_trace
 
             path = f"{args.trace}_{name}.trace.json"
             pipeline_trace.write(
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
             )
             line["trace"] = path
         if args.png:
-            from trainer import pipeline_picture
+            from trainer.pipeline_views import picture as pipeline_picture
 
             path = f"{args.png}_{name}.png"
             title = f"{name}: K={k}, M={args.num_micro_batches}, remat={args.remat} (simulated)"

@@ -196,11 +196,11 @@ def main(argv: list[str]) -> int:
             f"--logdir is required by --mode={FLAGS.mode} (a local path or a tf.io.gfile URI){hint}"
         )
     if FLAGS.mode == "profile_pipeline":
-        from trainer import pipeline_profile
+        from trainer.pipeline_views import profiling
 
-        return pipeline_profile.run(root, FLAGS.logdir, log=print)
+        return profiling.run(root, FLAGS.logdir, log=print)
     if FLAGS.mode in ("sync", "async"):
-        from trainer import cluster_jobs
+        from trainer.distributed import jobs as cluster_jobs
 
         flags_ = (FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
         return cluster_jobs.run(

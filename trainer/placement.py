@@ -10,10 +10,10 @@ the only thing that differs between modes:
                      name: GPipe stages, blocks)
     Replicas         a copy on each sync worker     the same loop in the strategy's    here
                      (MultiWorkerMirroredStrategy)  replica context; all-reduced grads
-    ParameterServers the ps tasks                   steps dispatched to free trainers  trainer/async_train.py
-                     (ParameterServerStrategy)      by a ClusterCoordinator
-    MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   trainer/mesh_setup.py
-                                                    each batch copied onto the mesh
+    ParameterServers the ps tasks                   steps dispatched to free trainers  distributed/
+                     (ParameterServerStrategy)      by a ClusterCoordinator            parameter_servers.py
+    MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   distributed/
+                                                    each batch copied onto the mesh    mesh_placement.py
 
 A placement for stages in other processes is one more subclass: it says where the variables are
 built, how gradients are reduced, how ``n`` steps are dispatched, and how a checkpoint is written.
@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from params.hyperparams import Params
-from trainer import distributed, signals
+from trainer import signals
 from trainer.checkpointer import Checkpointer
+from trainer.distributed import roles, strategies
 
 if TYPE_CHECKING:
     from trainer.train_step import TrainStep
@@ -117,11 +118,11 @@ class Replicas(OnDevice):
     steps_per_call = 50  # fixed, not timed: the workers' calls must run the same steps
     keeps_input_position = False  # a worker's position is a function of the step: skipped to
 
-    def __init__(self, strategy: tf.distribute.Strategy, role: distributed.Role) -> None:
+    def __init__(self, strategy: tf.distribute.Strategy, role: roles.Role) -> None:
         self.strategy, self.role = strategy, role
         self.name = role.name
         self.is_chief = role.is_chief
-        self._terminated_workers = distributed.terminated_workers(strategy, role.num_workers)
+        self._terminated_workers = strategies.terminated_workers(strategy, role.num_workers)
         self._sigterm_workers: list[int] = []
 
     def shard(self) -> tuple[int, int]:
@@ -138,7 +139,7 @@ class Replicas(OnDevice):
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
         names = sorted(values)
-        reduced = distributed.all_reduce_packed(
+        reduced = strategies.all_reduce_packed(
             replica, tf.distribute.ReduceOp.MEAN, [grads[i] for i in present] + [values[n] for n in names]
         )
         for i, g in zip(present, reduced):

@@ -15,7 +15,7 @@ Sync replicas: every worker runs this loop on its shard of the input, in calls o
 steps (so their all-reduces pair up); only the chief writes params.txt, summaries, progress lines and
 checkpoints, which then hold no iterator (a worker's input position is a function of the global
 step, restored by skipping). Async: the controller runs it, and each call dispatches its steps to
-the trainers (trainer/async_train.py). A mesh: each call is a Python loop of compiled steps.
+the trainers (trainer/distributed/parameter_servers.py). A mesh: each call is a Python loop of compiled steps.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import files, mesh_setup, progress, signals
+from trainer import files, progress, signals
 from trainer.checkpointer import Checkpointer
+from trainer.distributed import mesh_placement
 from trainer.open_logdir import OpenLogdir, open_logdir
 from trainer.placement import OnDevice
 from trainer.progress import print_line
@@ -64,7 +65,7 @@ class TrainLoop:
         self.train_dir = self._opened.train_dir
         self._log = log
         self._after_save = after_save
-        self.placement = placement or mesh_setup.placement_from_cluster(root.cluster)
+        self.placement = placement or mesh_placement.placement_from_cluster(root.cluster)
         self.is_chief = self.placement.is_chief
         self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train

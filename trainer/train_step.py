@@ -12,8 +12,8 @@ the weights stay those of the last good step and the caller can refuse to save t
 What a step computes is written here once; where it runs is its placement (trainer/placement.py):
 the caller's device, sync replicas (this worker's input shard, the loop in the strategy's replica
 context, gradients and metrics averaged over the replicas before they are applied), parameter
-servers (trainer/async_train.py: steps dispatched to the trainers) or a DTensor mesh
-(trainer/mesh_setup.py: a Python loop of compiled steps, each batch copied onto the mesh).
+servers (trainer/distributed/parameter_servers.py: steps dispatched to the trainers) or a DTensor mesh
+(trainer/distributed/mesh_placement.py: a Python loop of compiled steps, each batch copied onto the mesh).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from layers import local_parallel
 from layers.base_layer import BaseLayer, FPropContext
+from layers.parallel import local as local_parallel
 from params.errors import ConfigError, UserError
 from params.hyperparams import InstantiableParams
 from tasks import base_task, local

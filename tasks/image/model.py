@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import SequentialLayer, SoftmaxLayer
-from layers.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import UserError
 from params.hyperparams import InstantiableParams
 from tasks import base_task

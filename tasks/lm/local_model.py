@@ -9,9 +9,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from layers import local_parallel
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import LayerNorm, OnKeyLayer, SoftmaxLayer
+from layers.parallel import local as local_parallel
 from layers.transformer import TransformerInput
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params

@@ -190,7 +190,7 @@ def test_bad_settings_are_config_errors():
 def test_stack_layers_run_as_a_gpipe_pipeline():
     """The stack's list of layer Params goes into a GPipeLayer as is (the dict-state form): loss and
     gradients equal the sequential stack's for K=2 stages and M=2 micro-batches."""
-    from layers.gpipe import GPipeLayer
+    from layers.parallel.pipeline.gpipe import GPipeLayer
 
     stack_p = tfm.stack_params(4, DIM, 4, 32, decoder=True).set(name="dec", random_seed=9, final_ln=False)
     stack = stack_p.instantiate()
@@ -238,7 +238,7 @@ def test_stack_layers_run_as_a_gpipe_pipeline():
 
 
 def _pipelined_decoder(num_layers: int = 4, **pipeline) -> tfm.TransformerStack:
-    from layers.gpipe import GPipeLayer
+    from layers.parallel.pipeline.gpipe import GPipeLayer
 
     p = tfm.stack_params(num_layers, DIM, 4, 32, decoder=True).set(name="dec", random_seed=3)
     p.pipeline = GPipeLayer.Params().set(name="pipeline", **pipeline)
@@ -287,7 +287,7 @@ def test_stack_pipeline_param_runs_the_same_layers_as_a_pipeline(training):
 
 
 def test_stack_pipeline_param_errors():
-    from layers.gpipe import GPipeLayer
+    from layers.parallel.pipeline.gpipe import GPipeLayer
 
     p = tfm.stack_params(2, DIM, 4, 32, decoder=True).set(name="dec")
     with pytest.raises(ConfigError, match="must be None or GPipeLayer.Params"):

@@ -34,7 +34,7 @@ rounds, so all see the same machine load; the best step of each side counts (loa
 - one_f_one_b_time: the speed figures' stack as a K=2 pipeline (remat never, one core per device),
   its loss computed per micro-batch in the last stage (a head), at M=8 and M=16: the 1F1B step over
   the fill-drain step (target 1.05: the same bubble, so about the same time).
-- simulator: the relative error of ``layers.pipeline_simulator``'s prediction of those K=2 steps
+- simulator: the relative error of ``layers.parallel.pipeline.simulator``'s prediction of those K=2 steps
   (both schedules, M in {4, 8, 16}; target 0.10). Its costs are measured in the same run: one stage's
   layers alone on one core, one micro-batch, forward and forward+backward (no update), with no
   hand-off cost; and ``alone_speedup``, that forward+backward on one core over the same on the
@@ -80,7 +80,8 @@ def _dense_params(name: str, width: int, activation: str) -> Any:
 
 def _model(spec: dict) -> Any:
     """The dense stack: plain (also for plain_recompute and plain_micro) or as a GPipeLayer."""
-    from layers import core, gpipe
+    from layers import core
+    from layers.parallel.pipeline import gpipe
 
     layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(spec["depth"])]
     if not spec["model"].startswith("gpipe"):
@@ -421,7 +422,7 @@ def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int
 def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]) -> None:
     """1F1B against fill-drain on the speed figures' stack (K=2, remat never, the loss in the last
     stage, one core per device), and the simulator's prediction of those steps."""
-    from layers import pipeline_simulator as simulator
+    from layers.parallel.pipeline import simulator
 
     k = 2
     base = {

@@ -52,8 +52,11 @@ def _setup(spec: dict) -> tuple[Any, int]:
     """Process settings, then TensorFlow, then the model's compiled training step; also the bytes
     of the state the model keeps between steps (weights, hand-off)."""
     tf = harness.configure(spec)
-    from layers import core, gpipe, local_parallel, partition
+    from layers import core
     from layers.base_layer import FPropContext
+    from layers.parallel import local as local_parallel
+    from layers.parallel import partition
+    from layers.parallel.pipeline import gpipe
 
     width, kind = spec["width"], spec["model"]
     layers = _layers(spec)

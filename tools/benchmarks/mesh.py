@@ -69,9 +69,9 @@ def run_worker(spec: dict) -> int:
     )
     from tensorflow.experimental import dtensor
 
-    from layers import mesh as mesh_lib
     from layers.base_layer import BaseLayer, FPropContext
-    from trainer.mesh_setup import MeshTrainStep
+    from layers.parallel import mesh as mesh_lib
+    from trainer.distributed.mesh_placement import MeshTrainStep
     from trainer.train_step import TrainStep
 
     exp = _experiment(spec)

@@ -11,7 +11,7 @@ from layers.core import (
     PoolingLayer,
     ProjectionLayer,
 )
-from layers.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer
 from params import registry
 from params.errors import ConfigError
 from params.experiment import Experiment, cluster_params
@@ -201,8 +201,8 @@ class LocalConvNet(ConvNet):
         self.pipelined = pipelined
 
     def task(self) -> Params:
-        from layers.local_parallel import PooledSoftmaxHead
-        from layers.partition import uniform_bounds
+        from layers.parallel.local import PooledSoftmaxHead
+        from layers.parallel.partition import uniform_bounds
         from tasks.image.local_model import LocalImageClassifierTask
 
         plain = super().task()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from layers.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer
 from params import registry
 from params.errors import ConfigError
 from params.experiment import cluster_params
@@ -156,8 +156,8 @@ class LocalTransformerLM(TransformerLM):
         self.pipelined = pipelined
 
     def task(self) -> Params:
-        from layers.local_parallel import SequenceSoftmaxHead
-        from layers.partition import uniform_bounds
+        from layers.parallel.local import SequenceSoftmaxHead
+        from layers.parallel.partition import uniform_bounds
         from tasks.lm.local_model import LocalTransformerLmTask, local_lm_layers
 
         plain = super().task()

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from layers.base_layer import FPropContext
 from layers.core import ActivationLayer, BatchNormLayer, Conv2DLayer, FlattenLayer, PoolingLayer
-from layers.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import UserError
 from tasks.image.input import DigitsInput
 from tasks.image.model import ImageClassifierTask

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from layers.base_layer import FPropContext
-from layers.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer
 from params import experiment
 from params.errors import ConfigError
 from tasks.learner import Learner

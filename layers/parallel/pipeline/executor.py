@@ -1,0 +1,536 @@
+"""The pipeline executor: builds a ``schedule.Schedule``'s units in its order, public APIs only.
+
+One executor runs every schedule. It walks each device's action list and builds each unit: the
+forward of micro-batch m on stage s (F), its recompute (R, re-materialization), its full backward
+(B), or the backward split in two, the gradient for the stage's input (I) and for its weights (W).
+Each unit is built under ``tf.control_dependencies`` on the end of its device's previous unit, so
+every device runs its units in the schedule's order inside the one compiled step; tensors pass
+between units explicitly (a hand-off to another device is an identity placed there).
+
+A stage is a sequence of segments (its layers, and in the last stage the head). A forward keeps,
+per segment, a ``tf.GradientTape`` with its inputs and outputs (remat: only the stage's input; R
+records the tapes again, after the output gradient has arrived). I walks the segments backwards
+from the output gradient to the stage's input gradient, keeping each segment's output gradient;
+W then asks each segment's tape for its weights' gradient alone (a layer's weight gradient needs
+only that layer's input and output gradient, so W repeats no matrix product of I); B does both in
+one go. The weight gradients are summed over micro-batches as the W (or B) units come.
+
+The whole pipeline is one ``tf.custom_gradient`` op, so the executor, not the tape, owns the
+backward order. Two ways to run it, chosen from the schedule:
+
+- deferred (fill_drain: every device runs all its forwards before any backward): the forward pass
+  builds the F units; the gradient function, given the gradient of the pipeline's outputs, builds
+  every other unit in the schedule's order. Any loss works.
+- in-step (1F1B, interleaved, zero bubble: a device runs forwards after backwards): a forward that
+  waits for a backward must be built after it, and the backward needs the output gradient, so the
+  forward pass builds every unit itself, seeding each micro-batch's last stage with a gradient of
+  ones on the head's per-example outputs (``fprop(..., head=...)``). The gradient function scales
+  the results by the loss's actual output gradient, which must be one constant c on every
+  differentiable head output (a loss that is c times the sum of the per-example values, as the
+  tasks compute it); anything else fails the step with one clear error.
+
+In eager mode nothing is ordered (ops run as they are built); the gradients are the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from layers.base_layer import FPropContext
+from layers.parallel.device_choice import on
+from layers.parallel.pipeline import schedule as schedules
+from params.errors import ConfigError
+
+Segment = Callable[[FPropContext, Any], Any]
+SUMS_SCOPE = "weight_gradient_sums"  # the name scope of the sums over micro-batches
+_GRADIENT_KINDS = (schedules.BACKWARD, schedules.BACKWARD_INPUT)
+
+
+def runs_forwards_after_backwards(schedule: schedules.Schedule) -> bool:
+    """Whether some device runs a forward after a backward unit (then the step runs in-step)."""
+    for order in schedule.orders:
+        seen_backward = False
+        for op in order:
+            seen_backward = seen_backward or op.kind != schedules.FORWARD
+            if seen_backward and op.kind == schedules.FORWARD:
+                return True
+    return False
+
+
+@dataclasses.dataclass
+class _Piece:
+    """One segment's forward on one micro-batch: its tape, flat inputs and outputs, and (after I)
+    the gradient arriving at its outputs."""
+
+    tape: tf.GradientTape
+    inputs: list[tf.Tensor]
+    outputs: list[tf.Tensor]
+    output_grads: list[Any] | None = None
+
+
+class PipelineExecutor:
+    """Runs ``stages`` (per stage, its segments; the head, if any, ends the last one) over M
+    micro-batches in ``schedule``'s order on ``devices`` (one per schedule device)."""
+
+    def __init__(
+        self,
+        path: str,
+        schedule: schedules.Schedule,
+        stages: list[list[Segment]],
+        devices: list[str | None],
+        remat: list[bool],
+        ctx: FPropContext,
+        has_head: bool,
+    ) -> None:
+        self.path, self.schedule, self.stages, self.devices = path, schedule, stages, devices
+        self.remat, self.ctx, self.has_head = remat, ctx, has_head
+        self.in_step = runs_forwards_after_backwards(schedule)
+        if self.in_step and not has_head:
+            raise ConfigError(
+                f"{path}: schedule={schedule.name} runs backwards before later forwards, so each "
+                "micro-batch's gradient must be known when its backward runs: no loss on the joined "
+                "outputs (e.g. a mean of squared errors after the pipeline). Compute the loss per "
+                "micro-batch in the last stage (fprop(..., head=...)), as the tasks do, or use "
+                "schedule='fill_drain'"
+            )
+
+    def __call__(
+        self,
+        micro: list[list[tf.Tensor]],
+        structure: Any,
+        head_micro: list[list[tf.Tensor]],
+        head_structure: Any,
+    ) -> tuple[list[list[tf.Tensor]], Any]:
+        """Each micro-batch's flat outputs (the last stage's, or the head's) and their structure."""
+        m_count = len(micro)
+        n_in, n_head = len(micro[0]), len(head_micro[0]) if head_micro else 0
+        box: dict[str, Any] = {}
+
+        @tf.custom_gradient
+        def pipeline(*args: tf.Tensor) -> Any:
+            ins = [list(args[m * n_in : (m + 1) * n_in]) for m in range(m_count)]
+            base = m_count * n_in
+            heads = [list(args[base + m * n_head : base + (m + 1) * n_head]) for m in range(m_count)]
+            run = _Step(self, ins, structure, heads, head_structure)
+            run.build(forwards=True, backwards=self.in_step)
+            box["structure"] = run.out_structure
+            flat = [t for m in range(m_count) for t in run.outputs[m]]
+
+            def grad(*dys: Any, variables: list[tf.Variable] | None = None) -> Any:
+                variables = list(variables or [])
+                n_out = len(run.outputs[0])
+                per_m = [list(dys[m * n_out : (m + 1) * n_out]) for m in range(m_count)]
+                if self.in_step:
+                    scale, checks = run.scale_of(per_m)
+                else:
+                    run.seed(per_m)
+                    run.build(forwards=False, backwards=True)
+                    scale, checks = None, []
+                with tf.control_dependencies(checks):
+                    dxs = [run.input_grad(m, i, scale) for m in range(m_count) for i in range(n_in)]
+                    dxs += [run.input_grad(m, n_in + i, scale) for m in range(m_count) for i in range(n_head)]
+                    dvs = [run.weight_grad(v, scale) for v in variables]
+                return (dxs, dvs) if variables else dxs
+
+            return flat, grad
+
+        flat_out = pipeline(*[t for m in micro for t in m], *[t for m in head_micro for t in m])
+        n_out = len(flat_out) // m_count
+        outs = [list(flat_out[m * n_out : (m + 1) * n_out]) for m in range(m_count)]
+        return outs, box["structure"]
+
+
+class _Step:
+    """The units of one traced step: what each built unit left for the later ones."""
+
+    def __init__(
+        self,
+        ex: PipelineExecutor,
+        ins: list[list[tf.Tensor]],
+        structure: Any,
+        heads: list[list[tf.Tensor]],
+        head_structure: Any,
+    ) -> None:
+        self.ex, self.sched = ex, ex.schedule
+        self.ins, self.heads = ins, heads
+        self.structure, self.head_structure = structure, head_structure
+        self.last_stage = self.sched.num_stages - 1
+        self.stage_in: dict[tuple[int, int], list[tf.Tensor]] = {}
+        self.stage_out: dict[tuple[int, int], list[tf.Tensor]] = {}
+        self.structures: dict[tuple[int, int], Any] = {}
+        self.pieces: dict[tuple[int, int], list[_Piece]] = {}
+        self.in_grads: dict[tuple[int, int], list[Any]] = {}
+        self.out_grads: dict[tuple[int, int], list[Any]] = {}
+        self.sums: dict[Any, Any] = {}
+        self.sum_vars: dict[Any, tf.Variable] = {}
+        self.done: set[schedules.Op] = set()
+        self.position = [0] * self.sched.num_devices
+        self.ends: list[Any] = [None] * self.sched.num_devices
+        self.outputs: list[list[tf.Tensor]] = []
+        self.out_structure: Any = None
+        self.differentiable: list[bool] = []
+
+    # ------------------------------------------------------------------------------- the walk
+    def build(self, forwards: bool, backwards: bool) -> None:
+        """Builds the wanted units, device by device in order, each once its inputs exist."""
+        wanted = [
+            [
+                op
+                for op in order
+                if (op.kind == schedules.FORWARD and forwards) or (op.kind != schedules.FORWARD and backwards)
+            ]
+            for order in self.sched.orders
+        ]
+        position = [0] * len(wanted)
+        while any(p < len(w) for p, w in zip(position, wanted)):
+            progressed = False
+            for d, order in enumerate(wanted):
+                while position[d] < len(order) and self._ready(order[position[d]]):
+                    self._unit(d, order[position[d]])
+                    position[d] += 1
+                    progressed = True
+            if not progressed:
+                stuck = [o[p] for o, p in zip(wanted, position) if p < len(o)]
+                raise ConfigError(
+                    f"{self.ex.path}: schedule {self.sched.name} cannot run: {stuck} wait forever"
+                )
+        if forwards:
+            self.outputs = [self.stage_out[(self.last_stage, m)] for m in range(len(self.ins))]
+            self.out_structure = self.structures[(self.last_stage, 0)]
+
+    def _ready(self, op: schedules.Op) -> bool:
+        s, m = op.stage, op.micro_batch
+        if op.kind == schedules.FORWARD:
+            return s == 0 or (s - 1, m) in self.stage_out
+        if op.kind == schedules.BACKWARD_WEIGHT:
+            return schedules.Op(s, m, schedules.BACKWARD_INPUT) in self.done
+        if (s, m) not in self.stage_out:
+            return False
+        return s == self.last_stage and (s, m) in self.out_grads or (s + 1, m) in self.in_grads
+
+    def _unit(self, d: int, op: schedules.Op) -> None:
+        s, m = op.stage, op.micro_batch
+        scope = f"stage_{s}_micro_batch_{m}"
+        if op.kind == schedules.RECOMPUTE:
+            scope += "_grad/recompute"
+        elif op.kind != schedules.FORWARD:
+            scope += "_grad"
+        after = [self.ends[d]] if self.ends[d] is not None else []
+        with on(self.ex.devices[d]), tf.name_scope(scope), tf.control_dependencies(after):
+            produced = self._build_unit(op)
+        done = [t for t in produced if t is not None]
+        if done and not tf.executing_eagerly():
+            with on(self.ex.devices[d]):
+                self.ends[d] = tf.group(*[_dense_part(t) for t in done], name=f"end_{op.kind}")
+        self.done.add(op)
+
+    def _build_unit(self, op: schedules.Op) -> list[Any]:
+        s, m, kind = op.stage, op.micro_batch, op.kind
+        if kind == schedules.FORWARD:
+            return self._forward(s, m)
+        if kind == schedules.RECOMPUTE:
+            return self._record(s, m, self._gradient_in(s, m), recompute=True)
+        dys = self._gradient_in(s, m)
+        if (s, m) not in self.pieces:  # no remat: the forward's tapes; remat: R recorded them
+            raise ConfigError(f"{self.ex.path}: {op} runs before the recompute it needs")
+        if kind == schedules.BACKWARD_WEIGHT:
+            return self._weights(s, m)
+        produced = self._inputs(s, m, dys)
+        if kind == schedules.BACKWARD:
+            produced += self._weights(s, m)
+        return produced
+
+    # ----------------------------------------------------------------------------------- units
+    def _forward(self, s: int, m: int) -> list[tf.Tensor]:
+        if s == 0:
+            xs, structure = list(self.ins[m]), self.structure
+        else:
+            xs, structure = [tf.identity(t) for t in self.stage_out[(s - 1, m)]], self.structures[(s - 1, m)]
+        if s == self.last_stage and self.ex.has_head:
+            xs, structure = xs + list(self.heads[m]), (structure, self.head_structure)
+        self.stage_in[(s, m)] = xs
+        if self.ex.remat[m]:
+            ys, out_structure = self._run(s, m, xs, structure, self._ctx(m), None)
+        else:
+            pieces: list[_Piece] = []
+            ys, out_structure = self._run(s, m, xs, structure, self._ctx(m), pieces)
+            self.pieces[(s, m)] = pieces
+        self.stage_out[(s, m)] = ys
+        self.structures[(s, m)] = out_structure
+        if s == self.last_stage and self.ex.in_step:
+            self._seed_ones(m, ys)
+        return ys
+
+    def _record(self, s: int, m: int, dys: list[Any], recompute: bool) -> list[tf.Tensor]:
+        """R: the stage's forward again, once the output gradient has arrived, taped."""
+        zero = _zero_after([d for d in dys if d is not None] or self.stage_out[(s, m)])
+        with tf.control_dependencies([zero]):
+            xs = [tf.identity(t) for t in self.stage_in[(s, m)]]
+        step = tf.cast(self.ex.ctx.step, tf.int64) + tf.cast(zero, tf.int64)
+        ctx = dataclasses.replace(self.ex.ctx.for_micro_batch(m, record_updates=False), step=step)
+        structure = self.structures.get((s - 1, m), self.structure) if s else self.structure
+        if s == self.last_stage and self.ex.has_head:
+            structure = (structure, self.head_structure)
+        pieces: list[_Piece] = []
+        ys, _ = self._run(s, m, xs, structure, ctx, pieces)
+        self.pieces[(s, m)] = pieces
+        return ys
+
+    def _inputs(self, s: int, m: int, dys: list[Any]) -> list[Any]:
+        """I: the gradient flowing back through every segment to the stage's input."""
+        if s == self.last_stage and not self.differentiable:
+            self.differentiable = self._differentiable(self.pieces[(s, m)][-1], len(self.heads[m]))
+        grads = dys
+        for piece in reversed(self.pieces[(s, m)]):
+            piece.output_grads = grads
+            pairs = [(y, g) for y, g in zip(piece.outputs, grads) if y.dtype.is_floating and g is not None]
+            sources = [x for x in piece.inputs]
+            if not pairs:
+                grads = [None] * len(sources)
+                continue
+            ys, gs = zip(*pairs)
+            grads = piece.tape.gradient(list(ys), sources, output_gradients=list(gs))
+        self.in_grads[(s, m)] = list(grads)
+        return list(grads)
+
+    def _weights(self, s: int, m: int) -> list[Any]:
+        """W: each segment's weight gradient from its output gradient, added to the step's sums."""
+        produced = []
+        for piece in self.pieces.pop((s, m)):
+            variables = list(piece.tape.watched_variables())
+            pairs = [
+                (y, g)
+                for y, g in zip(piece.outputs, piece.output_grads or [])
+                if y.dtype.is_floating and g is not None
+            ]
+            if not variables or not pairs:
+                continue
+            ys, gs = zip(*pairs)
+            grads = piece.tape.gradient(list(ys), variables, output_gradients=list(gs))
+            with tf.name_scope(SUMS_SCOPE):  # the sums belong to no one micro-batch
+                for v, g in zip(variables, grads):
+                    if g is None:
+                        continue
+                    key = v.ref()
+                    self.sums[key] = g if key not in self.sums else _add_grads(self.sums[key], g)
+                    produced.append(self.sums[key])
+        return produced
+
+    # ------------------------------------------------------------------------------- helpers
+    def _ctx(self, m: int) -> FPropContext:
+        return self.ex.ctx.for_micro_batch(m)
+
+    def _run(
+        self,
+        s: int,
+        m: int,
+        xs: list[tf.Tensor],
+        structure: Any,
+        ctx: FPropContext,
+        pieces: list[_Piece] | None,
+    ) -> tuple[list[tf.Tensor], Any]:
+        """The stage's segments on ``xs``; with ``pieces``, each under its own tape."""
+        x: Any = tf.nest.pack_sequence_as(structure, xs)
+        for segment in self.ex.stages[s]:
+            if pieces is None:
+                x = segment(ctx, x)
+                continue
+            flat_in = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
+            x = tf.nest.pack_sequence_as(x, flat_in)
+            with tf.GradientTape(persistent=True, watch_accessed_variables=True) as tape:
+                tape.watch([t for t in flat_in if t.dtype.is_floating])
+                x = segment(ctx, x)
+            flat_out = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
+            x = tf.nest.pack_sequence_as(x, flat_out)
+            pieces.append(_Piece(tape, flat_in, flat_out))
+        return [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)], x
+
+    def _gradient_in(self, s: int, m: int) -> list[Any]:
+        if s == self.last_stage:
+            return self.out_grads[(s, m)]
+        grads = self.in_grads[(s + 1, m)][: len(self.stage_out[(s, m)])]
+        ys = self.stage_out[(s, m)]
+        return [None if g is None else tf.identity(g) for g in grads] if ys else grads
+
+    def _seed_ones(self, m: int, ys: list[tf.Tensor]) -> None:
+        """In-step: the last stage's output gradient is ones on the float outputs the loss is made of
+        (the head's ``loss`` entry when it returns a dict with one, else every float output), zero on
+        the others (metrics beside the loss); the gradient function scales it."""
+        seeded = self._seeded(len(ys))
+        self.out_grads[(self.last_stage, m)] = [
+            (tf.ones_like(y) if on else tf.zeros_like(y)) if y.dtype.is_floating else None
+            for y, on in zip(ys, seeded)
+        ]
+
+    def _seeded(self, n: int) -> list[bool]:
+        structure = self.structures.get((self.last_stage, 0))
+        if isinstance(structure, dict) and "loss" in structure:
+            marks = {
+                key: tf.nest.map_structure(lambda _, k=key: k == "loss", v) for key, v in structure.items()
+            }
+            return [bool(x) for x in tf.nest.flatten(marks)]
+        return [True] * n
+
+    def seed(self, per_m: list[list[Any]]) -> None:
+        """Deferred: the output gradients from the tape (None for an unused output: zeros)."""
+        for m, dys in enumerate(per_m):
+            ys = self.outputs[m]
+            self.out_grads[(self.last_stage, m)] = [
+                (tf.zeros_like(y) if d is None else tf.convert_to_tensor(d)) if y.dtype.is_floating else None
+                for y, d in zip(ys, dys)
+            ]
+
+    def scale_of(self, per_m: list[list[Any]]) -> tuple[tf.Tensor, list[Any]]:
+        """In-step: the loss's output gradient c (one constant on every float output that reaches a
+        gradient), and the checks that it is one."""
+        reached = self._reaching_outputs()
+        seeded = self._seeded(len(reached))
+        given = [
+            (m, i, d)
+            for m, dys in enumerate(per_m)
+            for i, d in enumerate(dys)
+            if reached[i] and d is not None
+        ]
+        with_c = [g for g in given if seeded[g[1]]]
+        if not with_c:
+            return tf.zeros([], self.outputs[0][0].dtype), []
+        c = tf.reshape(with_c[0][2], [-1])[0]
+        checks = []
+        for m, i, d in given:
+            d = tf.convert_to_tensor(d)
+            want = tf.cast(c, d.dtype) if seeded[i] else tf.zeros([], d.dtype)
+            off = tf.reduce_max(tf.abs(d - want))
+            tol = 1e-5 * tf.abs(tf.cast(c, d.dtype)) + tf.cast(1e-30, d.dtype)
+            checks.append(
+                tf.debugging.assert_less_equal(
+                    off,
+                    tol,
+                    message=(
+                        f"{self.ex.path}: schedule={self.sched.name} runs each micro-batch's backward inside "
+                        "the step's forward, so the loss must be one constant times the sum of the head's "
+                        "per-example outputs (its 'loss' entry if it returns a dict with one; nothing from "
+                        f"the others); the gradient of output {i} of micro-batch {m} is not. Scale the "
+                        "per-example values in the head, or use schedule='fill_drain'"
+                    ),
+                )
+            )
+        return c, checks
+
+    def _reaching_outputs(self) -> list[bool]:
+        return self.differentiable or [y.dtype.is_floating for y in self.outputs[0]]
+
+    @staticmethod
+    def _differentiable(piece: _Piece, num_head_inputs: int) -> list[bool]:
+        """Which of the last segment's outputs carry a gradient back to the activations or weights (a
+        count of correct answers times the examples' weights does not). The probe gradients feed
+        nothing, so the compiled step prunes them."""
+        activations = piece.inputs[: len(piece.inputs) - num_head_inputs]
+        sources = [x for x in activations if x.dtype.is_floating] + list(piece.tape.watched_variables())
+        out = []
+        for y in piece.outputs:
+            if not y.dtype.is_floating or not sources:
+                out.append(False)
+                continue
+            grads = piece.tape.gradient(y, sources)
+            out.append(any(g is not None for g in grads))
+        return out
+
+    def input_grad(self, m: int, i: int, scale: Any) -> Any:
+        grads = self.in_grads.get((0, m))
+        if i >= len(self.ins[m]):  # a head input: the last stage's input after the stage's own
+            grads = self.in_grads.get((self.last_stage, m))
+            i = len(self.stage_in[(self.last_stage, m)]) - len(self.heads[m]) + (i - len(self.ins[m]))
+        g = grads[i] if grads is not None else None
+        return _scaled(g, scale)
+
+    def weight_grad(self, v: tf.Variable, scale: Any) -> Any:
+        return _scaled(self.sums.get(v.ref()), scale)
+
+
+def _scaled(g: Any, scale: Any) -> Any:
+    if g is None or scale is None:
+        return g
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(scale, g.values.dtype), g.indices, g.dense_shape)
+    return g * tf.cast(scale, g.dtype)
+
+
+# ------------------------------------------------------------------- ops with their own gradients
+def split_with_grad_on(device: str | None, x: tf.Tensor, num: int, axis: int) -> list[tf.Tensor]:
+    """``tf.split(x, num, axis)`` whose gradient (the parts' gradients concatenated) runs on
+    ``device``: the first stage's, not wherever the tape happens to be."""
+
+    @tf.custom_gradient
+    def split(x: tf.Tensor) -> Any:
+        def grad(*dys: Any) -> tf.Tensor:
+            with on(device), tf.name_scope("split_micro_batches_grad"):
+                parts = tf.split(tf.zeros_like(x), num, axis=axis) if any(d is None for d in dys) else []
+                dense = [tf.convert_to_tensor(d) if d is not None else parts[i] for i, d in enumerate(dys)]
+                return tf.concat(dense, axis=axis)
+
+        return tf.split(x, num, axis=axis), grad
+
+    if not x.dtype.is_floating:
+        return tf.split(x, num, axis=axis)
+    return list(split(x))
+
+
+def concat_with_grad_on(device: str | None, parts: list[tf.Tensor], axis: int) -> tf.Tensor:
+    """``tf.concat(parts, axis)`` whose gradient (the output gradient split back into micro-batches)
+    runs on ``device``: the last stage's. The split sizes are static where the shapes are, so a
+    part's gradient does not wait for the other parts' forwards (1F1B relies on it)."""
+    if not parts[0].dtype.is_floating:
+        return tf.concat(parts, axis=axis)
+
+    @tf.custom_gradient
+    def concat(*parts: tf.Tensor) -> Any:
+        def grad(dy: Any) -> list[tf.Tensor]:
+            with on(device), tf.name_scope("join_micro_batches_grad"):
+                static = [p.shape[axis] if p.shape.rank is not None else None for p in parts]
+                if all(s is not None for s in static):
+                    sizes = [int(s) for s in static]
+                else:
+                    sizes = tf.stack([tf.shape(p)[axis] for p in parts])
+                return tf.split(tf.convert_to_tensor(dy), sizes, axis=axis, num=len(parts))
+
+        return tf.concat(parts, axis=axis), grad
+
+    return concat(*parts)
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def _zeros_for(t: tf.Tensor) -> tf.Tensor | None:
+    """A zero gradient for ``t`` that does not keep ``t`` alive (None for non-float tensors)."""
+    if not t.dtype.is_floating:
+        return None
+    if t.shape.is_fully_defined():
+        return tf.zeros(t.shape, t.dtype)
+    return tf.zeros_like(t)
+
+
+def _zero_after(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """A float32 zero computed from ``tensors[0]``'s data, after all ``tensors`` exist."""
+    with tf.control_dependencies(list(tensors[1:])):
+        elem = tf.reduce_max(tf.cast(tf.reshape(tensors[0], [-1])[:1], tf.float32))
+    return tf.where(tf.math.is_finite(elem), elem * 0.0, 0.0)
+
+
+def _add_grads(a: Any, b: Any) -> Any:
+    if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
+        a, b = (x if isinstance(x, tf.IndexedSlices) else _as_slices(x) for x in (a, b))
+        return tf.IndexedSlices(
+            tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape
+        )
+    return a + b
+
+
+def _as_slices(x: tf.Tensor) -> tf.IndexedSlices:
+    return tf.IndexedSlices(x, tf.range(tf.shape(x)[0]), tf.shape(x, out_type=tf.int64))
+
+
+def _dense_part(g: Any) -> tf.Tensor:
+    return g.values if isinstance(g, tf.IndexedSlices) else g

@@ -1,0 +1,149 @@
+"""Schedules in torch.distributed.pipelining's format: per-rank action lists and their CSV.
+
+An action is ``<stage><type><micro-batch>``: ``2F0`` (forward of micro-batch 0 on stage 2), ``1B3``
+(full backward), ``1I3`` (backward for the input), ``1W3`` (backward for the weights), and the
+transfers ``0SEND_F1`` / ``1RECV_F1`` (an activation from stage 0 to stage 1) and ``1SEND_B1`` /
+``0RECV_B1`` (a gradient from stage 1 back to stage 0; a transfer action names the stage that sends
+or receives). A CSV holds one row per rank, its actions in order, one per cell. Compute-only lists
+(no SEND/RECV) are PyTorch's "compute only" form; ``to_actions(..., with_transfers=True)`` adds the
+transfers where the stages sit on different ranks. Stage s runs on rank ``s % K`` (PyTorch's looped
+placement, as interleaved 1F1B uses). Recomputes are not actions: the GPipe layer adds them from its
+remat policy. Plain Python: no TensorFlow, no torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Sequence
+
+from layers.parallel.pipeline import schedule as schedules
+from layers.parallel.pipeline.schedule import Op, Schedule, ScheduleError
+
+_ACTION = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
+_KIND_OF = {
+    "F": schedules.FORWARD,
+    "B": schedules.BACKWARD,
+    "I": schedules.BACKWARD_INPUT,
+    "W": schedules.BACKWARD_WEIGHT,
+}
+_CODE_OF = {kind: code for code, kind in _KIND_OF.items()}
+
+
+def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[str]]:
+    """Each rank's actions (recomputes left out)."""
+    k, last = schedule.num_devices, schedule.num_stages - 1
+    rows: list[list[str]] = []
+    for d, order in enumerate(schedule.orders):
+        row = []
+        for op in order:
+            if op.kind == schedules.RECOMPUTE:
+                continue
+            s, m = op.stage, op.micro_batch
+            gradient = op.kind in schedules.GRADIENT_KINDS
+            if with_transfers and op.kind == schedules.FORWARD and s > 0 and (s - 1) % k != d:
+                row.append(f"{s}RECV_F{m}")
+            if with_transfers and gradient and s < last and (s + 1) % k != d:
+                row.append(f"{s}RECV_B{m}")
+            row.append(f"{s}{_CODE_OF[op.kind]}{m}")
+            if with_transfers and op.kind == schedules.FORWARD and s < last and (s + 1) % k != d:
+                row.append(f"{s}SEND_F{m}")
+            if with_transfers and gradient and s > 0 and (s - 1) % k != d:
+                row.append(f"{s}SEND_B{m}")
+        rows.append(row)
+    return rows
+
+
+def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
+    """The schedule the ranks' actions describe, after ``validate``."""
+    validate(rows)
+    k = len(rows)
+    orders = []
+    for row in rows:
+        ops = []
+        for action in row:
+            s, code, m = _parse(action)
+            if code in _KIND_OF:
+                ops.append(Op(s, m, _KIND_OF[code]))
+        orders.append(tuple(ops))
+    stages = 1 + max(op.stage for order in orders for op in order)
+    micro = 1 + max(op.micro_batch for order in orders for op in order)
+    return Schedule(name, k, micro, stages // k, tuple(orders))
+
+
+def validate(rows: Sequence[Sequence[str]]) -> None:
+    """Raises ScheduleError naming the first bad action: one that does not parse, a stage on the wrong
+    rank, a unit twice, a backward before its forward, a W before its I, a receive with no send, a
+    missing (stage, micro-batch) unit, or an order that waits forever."""
+    k = len(rows)
+    if k == 0 or not any(rows):
+        raise ScheduleError("the schedule has no actions")
+    parsed = [[(a, *_parse(a, r, i)) for i, a in enumerate(row)] for r, row in enumerate(rows)]
+    stages = 1 + max(s for row in parsed for _, s, _, _ in row)
+    micro = 1 + max(m for row in parsed for _, _, _, m in row)
+    if stages % k:
+        raise ScheduleError(f"{stages} stages cannot be spread over {k} ranks (stage s runs on rank s % {k})")
+    seen: dict[Op, str] = {}
+    sends = {
+        (a.replace("SEND", "RECV", 1)) for row in parsed for a, _, code, _ in row if code.startswith("SEND")
+    }
+    for r, row in enumerate(parsed):
+        for i, (action, s, code, m) in enumerate(row):
+            where = f"rank {r}, action {i} ({action})"
+            if s % k != r:
+                raise ScheduleError(f"{where}: stage {s} runs on rank {s % k}, not rank {r}")
+            if code.startswith("RECV"):
+                peer = s - 1 if code == "RECV_F" else s + 1
+                if f"{peer}{code}{m}" not in sends:
+                    raise ScheduleError(
+                        f"{where}: a receive with no send ({peer}SEND_{code[-1]}{m} on rank {peer % k})"
+                    )
+                continue
+            if code.startswith("SEND"):
+                continue
+            op = Op(s, m, _KIND_OF[code])
+            if op in seen:
+                raise ScheduleError(f"{where}: {action} runs twice")
+            if op.kind != schedules.FORWARD and Op(s, m, schedules.FORWARD) not in seen:
+                raise ScheduleError(f"{where}: a backward before its forward ({s}F{m})")
+            if op.kind == schedules.BACKWARD_WEIGHT and Op(s, m, schedules.BACKWARD_INPUT) not in seen:
+                raise ScheduleError(f"{where}: a weight gradient before its input gradient ({s}I{m})")
+            seen[op] = where
+    for s in range(stages):
+        for m in range(micro):
+            if Op(s, m, schedules.FORWARD) not in seen:
+                raise ScheduleError(f"micro-batch {m} is missing on stage {s}: no {s}F{m} on rank {s % k}")
+            full = Op(s, m, schedules.BACKWARD) in seen
+            split = Op(s, m, schedules.BACKWARD_INPUT) in seen or Op(s, m, schedules.BACKWARD_WEIGHT) in seen
+            if full == split or (split and Op(s, m, schedules.BACKWARD_WEIGHT) not in seen):
+                raise ScheduleError(
+                    f"micro-batch {m} on stage {s} needs one backward: {s}B{m}, or {s}I{m} then {s}W{m}"
+                )
+    orders = [[Op(s, m, _KIND_OF[c]) for _, s, c, m in row if c in _KIND_OF] for row in parsed]
+    cost = {kind: [1.0] * stages for kind in schedules.ALL_KINDS}
+    schedules.timeline(orders, cost)  # raises on an order that waits forever
+
+
+def read_csv(text: str) -> list[list[str]]:
+    """The rows of a schedule CSV (empty cells dropped)."""
+    return [[cell.strip() for cell in row if cell.strip()] for row in csv.reader(io.StringIO(text)) if row]
+
+
+def write_csv(rows: Sequence[Sequence[str]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        writer.writerow(list(row))
+    return out.getvalue()
+
+
+def _parse(action: str, rank: int | None = None, index: int | None = None) -> tuple[int, str, int]:
+    match = _ACTION.match(action)
+    if not match:
+        where = f"rank {rank}, action {index}: " if rank is not None else ""
+        raise ScheduleError(
+            f"{where}{action!r} is not an action: <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><micro-batch>, "
+            "e.g. 2F0"
+        )
+    return int(match[1]), match[2], int(match[3])

@@ -1,0 +1,242 @@
+"""Pipeline schedules as data: orders, dependencies, bubble and in-flight counts against the formulas."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from layers.parallel.pipeline import schedule as ps
+
+GRID = list(itertools.product(ps.CLASSIC, ps.REMAT_POLICIES, (1, 2, 3, 4, 8), (1, 2, 4, 8, 16)))
+
+
+@pytest.mark.parametrize("schedule,remat,k,m", GRID)
+def test_every_op_runs_once_in_dependency_order(schedule, remat, k, m):
+    evs = ps.events(schedule, k, m, remat)
+    ops = [e.op for e in evs]
+    assert len(ops) == len(set(ops))
+    remat_of = ps.remat_micro_batches(remat, m)
+    expected = {ps.Op(s, b, ps.FORWARD) for s in range(k) for b in range(m)}
+    expected |= {ps.Op(s, b, ps.BACKWARD) for s in range(k) for b in range(m)}
+    expected |= {ps.Op(s, b, ps.RECOMPUTE) for s in range(k) for b in range(m) if remat_of[b]}
+    assert set(ops) == expected
+    end = {e.op: e.end for e in evs}
+    start = {e.op: e.start for e in evs}
+    for s, b in itertools.product(range(k), range(m)):
+        if s > 0:
+            assert start[ps.Op(s, b, ps.FORWARD)] >= end[ps.Op(s - 1, b, ps.FORWARD)]
+        grad_from = ps.Op(s + 1, b, ps.BACKWARD) if s < k - 1 else ps.Op(s, b, ps.FORWARD)
+        assert start[ps.Op(s, b, ps.BACKWARD)] >= end[grad_from]
+        if remat_of[b]:
+            assert start[ps.Op(s, b, ps.RECOMPUTE)] >= end[grad_from]
+            assert start[ps.Op(s, b, ps.BACKWARD)] >= end[ps.Op(s, b, ps.RECOMPUTE)]
+    for s in range(k):  # one op at a time per stage
+        mine = sorted((e for e in evs if e.stage == s), key=lambda e: e.start)
+        assert all(a.end <= b.start for a, b in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("schedule,remat,k,m", [g for g in GRID if g[1] != "except_last"])
+def test_bubble_is_the_closed_form_when_stages_cost_the_same(schedule, remat, k, m):
+    evs = ps.events(schedule, k, m, remat)
+    assert ps.bubble(evs) == pytest.approx(ps.theoretical_bubble(k, m), abs=1e-12)
+    per_micro_batch = 4.0 if remat == "always" else 3.0  # forward 1 + backward 2 (+ recompute 1)
+    assert ps.step_time(evs) == pytest.approx((m + k - 1) * per_micro_batch)
+
+
+@pytest.mark.parametrize(
+    "schedule,k,m", [(s, k, m) for s in ps.CLASSIC for k in (1, 2, 4) for m in (2, 4, 8)]
+)
+def test_except_last_lies_between_never_and_always(schedule, k, m):
+    times = [ps.step_time(ps.events(schedule, k, m, r)) for r in ("never", "except_last", "always")]
+    assert times[0] < times[1] < times[2]
+
+
+@pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16, 32)])
+def test_in_flight_fill_drain_holds_every_micro_batch_one_f_one_b_at_most_k_minus_stage(k, m):
+    assert ps.peak_in_flight(ps.events("fill_drain", k, m)) == [m] * k
+    assert ps.peak_in_flight(ps.events("one_f_one_b", k, m)) == [min(k - s, m) for s in range(k)]
+
+
+def test_one_f_one_b_order_warms_up_then_alternates():
+    orders = ps.stage_orders("one_f_one_b", 4, 8)
+    kinds = ["F" if op.kind == ps.FORWARD else "B" for op in orders[1]]
+    assert "".join(kinds) == "FFF" + "BF" * 5 + "BBB"
+    assert [op.micro_batch for op in orders[1] if op.kind == ps.BACKWARD] == list(range(8))
+    last = orders[3]
+    assert "".join("F" if op.kind == ps.FORWARD else "B" for op in last) == "FB" * 8
+
+
+def test_fill_drain_order_is_gpipes():
+    order = ps.stage_orders("fill_drain", 2, 3, remat="always")[0]
+    assert [(op.kind[0], op.micro_batch) for op in order] == [
+        ("f", 0), ("f", 1), ("f", 2), ("r", 2), ("b", 2), ("r", 1), ("b", 1), ("r", 0), ("b", 0),
+    ]  # fmt: skip
+
+
+def test_except_last_skips_the_last_recompute():
+    assert ps.remat_micro_batches("except_last", 4) == [True, True, True, False]
+    assert ps.remat_micro_batches("never", 2) == [False, False]
+    assert ps.remat_micro_batches("always", 1) == [True]
+
+
+def test_timeline_uses_each_stage_cost_and_transfer():
+    orders = ps.stage_orders("fill_drain", 2, 1)
+    evs = ps.timeline(orders, {ps.FORWARD: [1.0, 3.0], ps.BACKWARD: [2.0, 5.0], ps.RECOMPUTE: [0, 0]}, 0.5)
+    placed = {(e.stage, e.kind): (e.start, e.end) for e in evs}
+    assert placed[(0, ps.FORWARD)] == (0.0, 1.0)
+    assert placed[(1, ps.FORWARD)] == (1.5, 4.5)
+    assert placed[(1, ps.BACKWARD)] == (4.5, 9.5)
+    assert placed[(0, ps.BACKWARD)] == (10.0, 12.0)
+
+
+def test_a_deadlocked_order_is_an_error():
+    bad = [[ps.Op(0, 0, ps.BACKWARD), ps.Op(0, 0, ps.FORWARD)]]
+    with pytest.raises(ValueError, match="deadlock"):
+        ps.timeline(bad, {kind: [1.0] for kind in ps.KINDS})
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: ps.stage_orders("zigzag", 2, 2), "schedule must be one of"),
+        (lambda: ps.stage_orders("fill_drain", 0, 2), "num_stages must be an int >= 1"),
+        (lambda: ps.stage_orders("fill_drain", 2, True), "num_micro_batches"),
+        (lambda: ps.remat_micro_batches("sometimes", 2), "remat must be one of"),
+        (lambda: ps.timeline([[]], {ps.FORWARD: [1.0]}), "one duration per stage"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ------------------------------------------------------------------- stages sharing the host's cores
+CASES = [(2, 4, "never"), (3, 5, "always"), (4, 8, "except_last"), (1, 3, "never")]
+
+
+@pytest.mark.parametrize("schedule", ps.CLASSIC)
+@pytest.mark.parametrize("k, m, remat", CASES)
+def test_shared_timeline_without_a_lone_speedup_is_the_plain_timeline(schedule, k, m, remat):
+    """The event loop (taken for any speedup other than 1) gives the closed timeline's events."""
+    orders = ps.stage_orders(schedule, k, m, remat)
+    cost = {kind: [c * (1 + 0.1 * s) for s in range(k)] for kind, c in ps.UNIT_COSTS.items()}
+    plain = ps.timeline(orders, cost, transfer=0.25)
+    shared = ps.timeline(orders, cost, transfer=0.25, alone_speedup=[1.0 + 1e-12] * k)
+    key = lambda e: (e.stage, e.micro_batch, e.kind)  # noqa: E731
+    assert sorted(map(key, shared)) == sorted(map(key, plain))
+    for a, b in zip(sorted(shared, key=key), sorted(plain, key=key)):
+        assert a.start == pytest.approx(b.start) and a.end == pytest.approx(b.end)
+
+
+@pytest.mark.parametrize("schedule", ps.CLASSIC)
+def test_a_lone_stage_runs_faster(schedule):
+    """K=2, M=4, forward 1, backward 2, 1.5x alone: stage 0's first forward, stage 1's last forward
+    and first backward, and stage 0's last backward run alone (2/3 of their time); the rest in pairs:
+    15 - (1 + 1 + 2 + 2) / 3 = 13."""
+    orders = ps.stage_orders(schedule, 2, 4, "never")
+    cost = {kind: [c] * 2 for kind, c in ps.UNIT_COSTS.items()}
+    evs = ps.timeline(orders, cost, alone_speedup=[1.5, 1.5])
+    assert ps.step_time(evs) == pytest.approx(13.0)
+    with pytest.raises(ValueError, match="alone_speedup needs a factor >= 1 per stage"):
+        ps.timeline(orders, cost, alone_speedup=[0.5, 1.0])
+
+
+# ---------------------------------------------------------------- interleaved and zero-bubble schedules
+NEW = [
+    (s, k, m, v, r)
+    for s, v in [
+        ("interleaved_1f1b", 1),
+        ("interleaved_1f1b", 2),
+        ("interleaved_1f1b", 3),
+        ("zb_h1", 1),
+        ("zb_h2", 1),
+    ]
+    for k in (1, 2, 3, 4)
+    for m in (1, 2, 3, 4, 6, 8, 12)
+    for r in ("never", "always")
+    if not (s == "interleaved_1f1b" and v > 1 and m % k)
+]
+
+
+@pytest.mark.parametrize("schedule,k,m,v,remat", NEW)
+def test_every_unit_runs_once_after_its_inputs(schedule, k, m, v, remat):
+    sched = ps.build(schedule, k, m, remat, v)
+    evs = ps.timeline(sched.orders, {kind: [1.0] * (k * v) for kind in ps.ALL_KINDS}, transfer=0.1)
+    ops = [e.op for e in evs]
+    assert len(ops) == len(set(ops))
+    split = schedule in ps.SPLIT_BACKWARD
+    kinds = (ps.FORWARD, ps.BACKWARD_INPUT, ps.BACKWARD_WEIGHT) if split else (ps.FORWARD, ps.BACKWARD)
+    want = {ps.Op(s, b, kind) for s in range(k * v) for b in range(m) for kind in kinds}
+    want |= {ps.Op(s, b, ps.RECOMPUTE) for s in range(k * v) for b in range(m) if remat == "always"}
+    assert set(ops) == want
+    start = {e.op: e.start for e in evs}
+    end = {e.op: e.end for e in evs}
+    grad = ps.BACKWARD_INPUT if split else ps.BACKWARD
+    for s, b in itertools.product(range(k * v), range(m)):
+        if s:
+            assert start[ps.Op(s, b, ps.FORWARD)] >= end[ps.Op(s - 1, b, ps.FORWARD)]
+        source = ps.Op(s + 1, b, grad) if s < k * v - 1 else ps.Op(s, b, ps.FORWARD)
+        assert start[ps.Op(s, b, grad)] >= end[source]
+        if split:
+            assert start[ps.Op(s, b, ps.BACKWARD_WEIGHT)] >= end[ps.Op(s, b, grad)]
+    for e in evs:
+        assert e.row == sched.device_of(e.stage)
+
+
+@pytest.mark.parametrize(
+    "k,m,v",
+    [(k, m, v) for k in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16) for v in (1, 2, 3, 4) if v == 1 or m % k == 0],
+)
+def test_interleaved_bubble_is_k_minus_1_over_v_m_plus_k_minus_1(k, m, v):
+    evs = ps.events("interleaved_1f1b", k, m, "never", v)
+    assert ps.bubble(evs) == pytest.approx(ps.theoretical_bubble(k, m, v), abs=1e-9)
+
+
+@pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 16) if m >= k])
+@pytest.mark.parametrize("w", [1.0, 0.5, 0.25])
+def test_zb_h1_bubble_is_the_closed_form_at_one_f_one_b_memory(k, m, w):
+    """(K - 1)(T_F + T_B - T_W) idle per device (T_B: the input half; M >= K, as the paper assumes),
+    and no device holds more than
+    1F1B's peak (K micro-batches, on its first device)."""
+    cost = {ps.FORWARD: [1.0] * k, ps.BACKWARD_INPUT: [1.0] * k, ps.BACKWARD_WEIGHT: [w] * k}
+    cost |= {ps.BACKWARD: [1.0 + w] * k, ps.RECOMPUTE: [1.0] * k}
+    evs = ps.timeline(ps.build("zb_h1", k, m).orders, cost)
+    assert ps.step_time(evs) == pytest.approx(m * (2.0 + w) + ps.zb_h1_bubble_time(k, 1.0, 1.0, w), abs=1e-9)
+    one_f_one_b = ps.peak_in_flight(ps.events("one_f_one_b", k, m))
+    assert max(ps.peak_in_flight(evs)) <= max(one_f_one_b)
+    h2 = ps.timeline(ps.build("zb_h2", k, m).orders, cost)
+    assert ps.step_time(h2) <= ps.step_time(evs) + 1e-9
+
+
+def test_bubbles_at_k4_m8_with_equal_unit_costs():
+    """The issue's figures: 1F1B 27%, interleaved v=2 16%, ZB-H1 11%."""
+    assert ps.bubble(ps.events("one_f_one_b", 4, 8)) == pytest.approx(3 / 11)
+    assert ps.bubble(ps.events("interleaved_1f1b", 4, 8, virtual_stages=2)) == pytest.approx(3 / 19)
+    assert ps.bubble(ps.events("zb_h1", 4, 8)) == pytest.approx(3 / 27)
+    assert ps.peak_in_flight(ps.events("zb_h2", 4, 8)) == [7, 7, 7, 7]
+
+
+@pytest.mark.parametrize(
+    "schedule,k,m,v,match",
+    [
+        (
+            "interleaved_1f1b",
+            4,
+            6,
+            2,
+            r"num_micro_batches \(6\) to be a multiple of num_stages \(4\); use num_micro_batches=8",
+        ),
+        ("one_f_one_b", 2, 4, 2, r"virtual_stages=2 needs schedule='interleaved_1f1b'"),
+        ("zb_h1", 2, 4, 0, r"virtual_stages must be an int >= 1"),
+    ],
+)
+def test_impossible_combinations_are_one_line_errors(schedule, k, m, v, match):
+    with pytest.raises(ps.ScheduleError, match=match):
+        ps.build(schedule, k, m, virtual_stages=v)
+
+
+def test_interleaved_device_holds_stages_d_d_plus_k():
+    sched = ps.build("interleaved_1f1b", 2, 4, virtual_stages=2)
+    assert [sorted({op.stage for op in order}) for order in sched.orders] == [[0, 2], [1, 3]]
+    assert [op.micro_batch for op in sched.stage_order(2) if op.kind == ps.FORWARD] == [0, 1, 2, 3]

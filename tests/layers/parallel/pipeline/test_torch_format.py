@@ -1,0 +1,110 @@
+"""torch.distributed.pipelining's schedule format: a CSV kept under tests/data loads, validates, runs
+(the unpipelined gradients) and exports back identical; every schedule round-trips; the validator
+names the first bad action."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from layers import core
+from layers.base_layer import FPropContext
+from layers.parallel.pipeline import gpipe, torch_format
+from layers.parallel.pipeline import schedule as ps
+from params.errors import ConfigError
+
+CSV = Path(__file__).resolve().parents[3] / "data" / "pipeline_schedule_k2_m4.csv"
+
+
+def test_the_kept_csv_loads_validates_and_exports_back_identical():
+    text = CSV.read_text()
+    sched = torch_format.from_actions(torch_format.read_csv(text))
+    assert (sched.num_devices, sched.num_stages, sched.num_micro_batches) == (2, 2, 4)
+    assert torch_format.write_csv(torch_format.to_actions(sched, with_transfers=True)) == text
+    # Rank 0 defers every weight gradient to the end: a schedule none of the built-in ones is.
+    assert [op.kind for op in sched.orders[0][-4:]] == [ps.BACKWARD_WEIGHT] * 4
+
+
+@pytest.mark.parametrize(
+    "name, k, m, v", [(s, 2, 4, 1) for s in ps.SCHEDULES] + [("interleaved_1f1b", 2, 4, 2)]
+)
+def test_every_schedule_round_trips(name, k, m, v):
+    sched = ps.build(name, k, m, "never", v)
+    for transfers in (False, True):
+        rows = torch_format.to_actions(sched, with_transfers=transfers)
+        back = torch_format.from_actions(torch_format.read_csv(torch_format.write_csv(rows)), name)
+        assert back.orders == sched.orders
+
+
+@pytest.mark.parametrize(
+    "rows, match",
+    [
+        ([["0B0", "0F0"]], r"rank 0, action 0 \(0B0\): a backward before its forward \(0F0\)"),
+        ([["0F0", "0W0", "0I0"]], r"action 1 \(0W0\): a weight gradient before its input gradient"),
+        (
+            [["0F0", "0B0"], ["1RECV_F0", "1F0", "1B0"]],
+            r"rank 1, action 0 \(1RECV_F0\): a receive with no send",
+        ),
+        ([["0F0", "0B0", "0F2", "0B2"]], r"micro-batch 1 is missing on stage 0: no 0F1"),
+        ([["1F0", "1B0"], ["0F0", "0B0"]], r"rank 0, action 0 \(1F0\): stage 1 runs on rank 1, not rank 0"),
+        ([["0F0", "0X0"]], r"rank 0, action 1: '0X0' is not an action"),
+        ([["0F0", "0B0", "0F0"]], r"action 2 \(0F0\): 0F0 runs twice"),
+        ([["0F0", "0B0"], ["1B0", "1F0"]], r"rank 1, action 0 \(1B0\): a backward before its forward"),
+        ([["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]], r"deadlock"),
+    ],
+)
+def test_the_validator_names_the_first_bad_action(rows, match):
+    with pytest.raises(ps.ScheduleError, match=match):
+        torch_format.validate(rows)
+
+
+def _layers():
+    return [
+        core.ProjectionLayer.Params().set(name=f"fc{i}", input_dim=5, output_dim=5, activation="tanh")
+        for i in range(3)
+    ]
+
+
+def _head(ctx, y, target):
+    return tf.reduce_sum(tf.square(y - target), axis=-1)
+
+
+@pytest.mark.parametrize("remat", ["never", "always"])
+def test_a_schedule_file_named_in_params_runs_with_the_unpipelined_gradients(remat):
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(8, 5)).astype(np.float32))
+    target = tf.constant(rng.normal(size=(8, 5)).astype(np.float32))
+
+    def grads(**kw):
+        pipe = gpipe.GPipeLayer.Params().set(name="net", layers=_layers(), **kw).instantiate()
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = (
+                    tf.reduce_sum(pipe(FPropContext(training=True), x, head=_head, head_inputs=target)) / 8.0
+                )
+            return tape.gradient(loss, pipe.trainable_variables)
+
+        return [g.numpy() for g in step()]
+
+    got = grads(num_stages=2, num_micro_batches=4, remat=remat, schedule_file=str(CSV))
+    want = grads(num_stages=1, num_micro_batches=1, remat="never")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_a_schedule_file_that_does_not_fit_the_layer_is_one_line():
+    pipe = (
+        gpipe.GPipeLayer.Params()
+        .set(name="net", layers=_layers(), num_stages=2, num_micro_batches=2, schedule_file=str(CSV))
+        .instantiate()
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"has 2 ranks, 2 stages and 4 micro-batches; the layer has 2 devices, 2 stages and 2",
+    ):
+        pipe.schedule_for(2)

@@ -1,0 +1,218 @@
+"""The trainer on a device mesh: the mesh from ``cluster.mesh_*`` and the mesh as a placement of the
+one ``TrainStep`` (trainer/placement.py).
+
+``MeshPlacement`` builds the task inside ``layers.parallel.mesh.mesh_scope`` (so its variables are
+DVariables in their layouts) and keeps the global step and the optimizer slots on the mesh; the step
+computes what it computes everywhere (trainer/train_step.py). What the mesh provides, forced by DTensor:
+a DTensor function takes only DTensors, so each batch is read eagerly and copied onto the mesh (batch
+dimension split by the ``batch`` rule) before the compiled step runs, and ``run(n)`` is therefore a
+Python loop of ``n`` compiled steps rather than one ``tf.while_loop``. Gradients are laid out like their
+variables before the learner sees them.
+
+Checkpoints are the plain format, whatever the mesh: DTensor's saver takes only DTensors, so it cannot
+write the input iterator's state next to DVariables. ``MeshCheckpointer`` therefore saves a host
+mirror (the same task and learner built without a mesh, and a plain global step) into which each
+save copies the full values of the DVariables, and out of which a restore copies them back, split by
+each variable's layout. The file is exactly what an unsharded trainer writes: any mesh, or none, and
+evalers and decoders restore it as usual. The cost is one full host copy of the weights and optimizer
+state (on a CPU mesh the same memory; on accelerators host RAM, not device memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from layers.parallel import mesh as mesh_lib
+from layers.parallel.pipeline.gpipe import GPipeLayer
+from params.errors import ConfigError
+from params.hyperparams import Params
+from tasks.learner import Learner
+from trainer.checkpointer import Checkpointer
+from trainer.placement import OnDevice, StepOutputs
+from trainer.train_step import TrainStep
+
+
+def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
+    """The mesh named by ``cluster.mesh_shape`` / ``mesh_axis_names`` / ``layout_rules`` (None: none)."""
+    shape = list(cluster.get("mesh_shape") or []) if "mesh_shape" in cluster else []
+    if not shape:
+        if "layout_rules" in cluster and cluster.layout_rules:
+            raise ConfigError(
+                "cluster.layout_rules is set but cluster.mesh_shape is empty; set both or neither"
+            )
+        return None
+    return mesh_lib.create_mesh(shape, list(cluster.mesh_axis_names), cluster.layout_rules)
+
+
+def placement_from_cluster(cluster: Params) -> OnDevice:
+    """A ``MeshPlacement`` when the cluster names a mesh, else the caller's device."""
+    mesh = mesh_from_cluster(cluster)
+    return OnDevice() if mesh is None else MeshPlacement(mesh)
+
+
+def make_train_step(cluster: Params, task_params: Params, input_params: Params) -> TrainStep:
+    """The ``TrainStep`` placed on the cluster's mesh, or on the caller's device without one."""
+    return TrainStep(task_params, input_params, placement_from_cluster(cluster))
+
+
+def MeshTrainStep(mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> TrainStep:  # noqa: N802
+    """The ``TrainStep`` over a DTensor mesh (the name of what was once a class of its own)."""
+    return TrainStep(task_params, input_params, MeshPlacement(mesh))
+
+
+class MeshPlacement(OnDevice):
+    """A DTensor mesh: the task's variables are DVariables in their layouts, the global step and the
+    optimizer slots live on the mesh; each batch is copied onto the mesh eagerly, so ``run(n)`` is a
+    Python loop of ``n`` compiled steps; gradients are laid out like their variables."""
+
+    def __init__(self, mesh: mesh_lib.DeviceMesh) -> None:
+        self.mesh = mesh
+        self._batch_axis = mesh.rules.get("batch")
+        self._mirror: tuple | None = None
+        self._task_params: Params | None = None
+        self._layouts: list = []
+
+    def build_task(self, task_params: Params) -> tf.Module:
+        with mesh_lib.mesh_scope(self.mesh):
+            task = task_params.instantiate()
+        if any(isinstance(m, GPipeLayer) for m in task.submodules):
+            raise ConfigError(
+                f"task {task_params.cls.__name__}: a GPipe pipeline cannot run on a device mesh "
+                "(cluster.mesh_shape); use one or the other"
+            )
+        self._task_params = task_params
+        self._layouts = [dtensor.fetch_layout(v) for v in task.trainable_variables]  # eagerly: here
+        return task
+
+    def global_step(self) -> tf.Variable:
+        with tf.init_scope():
+            return self.mesh.variable(tf.constant(0, tf.int64), [], "global_step", trainable=False)
+
+    def reduce(
+        self, loss: tf.Tensor, grads: list, values: dict, variables: list
+    ) -> tuple[tf.Tensor, list, dict]:
+        del variables  # the task's trainable variables, whose layouts build_task fetched
+        grads = [
+            None if g is None else dtensor.relayout(tf.convert_to_tensor(g), layout)
+            for g, layout in zip(grads, self._layouts)
+        ]
+        return loss, grads, values
+
+    def to_device(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return self.to_mesh(batch)
+
+    def to_mesh(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """A batch of regular tensors -> DTensors, the batch dimension split by the ``batch`` rule."""
+
+        def one(x: tf.Tensor) -> tf.Tensor:
+            x = tf.convert_to_tensor(x)
+            rank = x.shape.rank
+            mapping = [None] * rank
+            if rank and self._batch_axis and x.shape[0] % self.mesh.axis_sizes[self._batch_axis] == 0:
+                mapping[0] = self._batch_axis
+            return self.mesh.to_layout(x, mapping)
+
+        return tf.nest.map_structure(one, batch)
+
+    def probe_args(self, step: TrainStep) -> tuple:
+        """A DTensor function takes only DTensors: the trace gets a first batch (from a pipeline of
+        its own, so the step's iterator does not move) copied onto the mesh."""
+        return (self.to_mesh(next(iter(step.input.dataset()))),)
+
+    def host(self, x: Any) -> Any:
+        """A replicated DTensor's value as a regular tensor (its first component)."""
+        try:
+            return dtensor.unpack(x)[0]
+        except (TypeError, ValueError, tf.errors.OpError):
+            return x
+
+    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
+        """Up to ``n`` compiled steps, one batch copied onto the mesh before each; stops at the first
+        non-finite loss (that step changes nothing). Outputs are regular (host) tensors."""
+        compiled = tf.function(step.guarded_step)
+
+        def run(num_steps: int) -> StepOutputs:
+            finite, outputs = tf.constant(True), step.zero_outputs
+            for _ in range(num_steps):
+                finite, outputs = compiled(self.to_mesh(next(step.iterator)))
+                finite = self.host(finite)
+                if not bool(finite.numpy()):
+                    break
+            return finite, tf.nest.map_structure(self.host, outputs)
+
+        return run
+
+    def checkpointer(self, train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
+        return MeshCheckpointer(train_dir, max_to_keep, step)
+
+    # ------------------------------------------------------------------------- host mirror
+    def host_mirror(self, step: TrainStep) -> tuple[tf.Module, Learner, tf.Variable]:
+        """(task, learner, global_step) built without a mesh: what a plain checkpoint holds."""
+        if self._mirror is None:
+            task = self._task_params.instantiate()
+            learner = Learner(self._task_params.train, list(task.trainable_variables))
+            with tf.init_scope():
+                global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self._mirror = (task, learner, global_step)
+        return self._mirror
+
+    def _pairs(self, step: TrainStep) -> list[tuple[tf.Variable, tf.Variable]]:
+        task, learner, global_step = self.host_mirror(step)
+        sharded = {v.name: v for v in step.task.variables}
+        pairs = [(sharded[v.name], v) for v in task.variables]
+        pairs += list(zip(step.learner.slot_variables(), learner.slot_variables()))
+        return pairs + [(step.global_step, global_step)]
+
+    def store_host(self, step: TrainStep) -> None:
+        """Copies every DVariable's full value into the host mirror (before a save)."""
+        for dvar, host in self._pairs(step):
+            layout = dtensor.fetch_layout(dvar)
+            full = dtensor.relayout(
+                dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
+            )
+            host.assign(dtensor.unpack(full)[0])
+
+    def load_host(self, step: TrainStep) -> None:
+        """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
+        for dvar, host in self._pairs(step):
+            layout = dtensor.fetch_layout(dvar)
+            value = dtensor.copy_to_mesh(
+                host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
+            )
+            dvar.assign(dtensor.relayout(value, layout))
+
+
+class MeshCheckpointer(Checkpointer):
+    """The ``Checkpointer`` of a step on a mesh, writing and reading the plain format (module doc)."""
+
+    def __init__(self, train_dir: str, max_to_keep: int, step: TrainStep) -> None:
+        self._placement: MeshPlacement = step.placement
+        task, learner, global_step = self._placement.host_mirror(step)
+        super().__init__(
+            train_dir,
+            max_to_keep,
+            task=task,
+            learner=learner,
+            global_step=global_step,
+            iterator=step.iterator,
+        )
+        self._step = step
+
+    def restore_latest(self) -> str | None:
+        path = super().restore_latest()
+        if path is not None:
+            self._placement.load_host(self._step)
+        return path
+
+    def save(self, step: int) -> str:
+        self._placement.store_host(self._step)
+        return super().save(step)
+
+
+def make_checkpointer(train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
+    """The checkpointer of a train step: the task, learner, global step and input position."""
+    return step.placement.checkpointer(train_dir, max_to_keep, step)

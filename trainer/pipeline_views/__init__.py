@@ -1,0 +1,2 @@
+"""Views of a pipelined step: --mode=profile_pipeline (profiling.py), pictures (picture.py) and
+Chrome/Perfetto traces (trace.py), of a measured or a simulated step."""
