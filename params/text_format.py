@@ -17,7 +17,7 @@ import re
 import warnings
 from typing import Any
 
-from params import registry
+from params import module_aliases, registry
 from params.errors import ConfigError
 
 MAX_VALUE_CHARS = 100_000
@@ -172,6 +172,7 @@ def resolve_typeref(text: str) -> Any:
     module of the project only, checked before it is imported; Lingvo's ``callable/module.path/qualname``
     names a function the same way."""
     module_name, _, attr = text.partition("/")[2].rpartition("/")
+    module_name, attr = module_aliases.current(module_name, attr)  # a path written before a move
     try:
         return registry.import_known(module_name, attr)
     except ValueError as e:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from params import text_format
+from params import module_aliases, text_format
 from params.errors import ConfigError
 from params.keys import split_key
 
@@ -22,7 +22,8 @@ Lines = dict[str, str]
 
 
 def parse_lines(text: str, source: str = "params text") -> Lines:
-    """``{dotted key: value text}`` of ``key : value`` lines (blank lines and ``#`` comments skipped)."""
+    """``{dotted key: value text}`` of ``key : value`` lines (blank lines and ``#`` comments skipped);
+    a class path written before its module moved reads as the path of today (``module_aliases``)."""
     out: Lines = {}
     for line_no, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -36,8 +37,18 @@ def parse_lines(text: str, source: str = "params text") -> Lines:
             split_key(key)
         except ConfigError as e:
             raise ConfigError(f"{source}: line {line_no}: {e}") from None
-        out[key] = value.strip()
+        out[key] = module_aliases.upgrade(value.strip())
     return out
+
+
+def same(a: str, b: str) -> bool:
+    """Whether two Params texts say the same: equal lines, once old class paths read as today's."""
+    if a == b:
+        return True
+    try:
+        return parse_lines(a) == parse_lines(b)
+    except ConfigError:
+        return False
 
 
 def parse_untyped(text: str) -> Any:

@@ -152,13 +152,17 @@ def record_changes(logdir: str, step: int, changes: list[str]) -> None:
 
 def write_params(logdir: str, params_text: str, step: int) -> bool:
     """The controller's write of ``<logdir>/params.txt`` once its run is accepted and restored;
-    a change from the text there is first appended to params_changes.txt. Returns whether it changed."""
+    a change from the text there is first appended to params_changes.txt. Returns whether it changed.
+    A params.txt that names classes by their paths before a move (``params.module_aliases``) is
+    rewritten with today's paths, and that is no change."""
     path = files.join(logdir, "params.txt")
     old_text = files.read_text(path)
     if old_text == params_text:
         return False
+    changes = []
     if old_text is not None:
         changes = text_tree.diff(text_tree.parse_lines(old_text, path), text_tree.parse_lines(params_text))
-        record_changes(logdir, step, changes)
+        if changes:
+            record_changes(logdir, step, changes)
     files.write_text_atomic(path, params_text)
-    return True
+    return old_text is None or bool(changes)

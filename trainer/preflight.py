@@ -19,7 +19,7 @@ import re
 import tensorflow as tf
 
 from layers.base_layer import FPropContext
-from params import experiment, text_format
+from params import experiment, text_format, text_tree
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from tasks import learner
@@ -101,7 +101,8 @@ def finished(root: Params, logdir: str, jobs: list[str]) -> str | None:
     same Params as its params.txt, its last checkpoint at ``task.train.max_steps``, and every evaler
     and decoder among ``jobs`` done with it. None otherwise (then the launcher runs as usual)."""
     try:
-        if files.read_text(files.join(logdir, "params.txt")) != root.to_text():
+        written = files.read_text(files.join(logdir, "params.txt"))
+        if written is None or not text_tree.same(written, root.to_text()):
             return None  # a new run, or changed Params: the logdir guard decides
         listed = checkpointer.list_checkpoints(files.join(logdir, "train"))
     except UserError:
