@@ -176,24 +176,10 @@ class LocalParallelLayer(BaseLayer):
         k = num_blocks or len(split_points) + 1
         costs: dict[str, list[float]] = {}
 
-        def estimate(method: str) -> list[float]:
-            # Estimates need built layers: these are dropped; initialization is stateless, so the
-            # layers rebuilt on their devices get the same weights.
-            probes = []
-            for i, lp in enumerate(layers):
-                q = lp.copy()
-                q.name = lp.name or f"layer_{i}"
-                probes.append(q.cls(q, parent=self))
-            if method == "params":
-                costs["param_bytes"] = [float(partition.parameter_bytes(x)) for x in probes]
-                return costs["param_bytes"]
-            if self.params.input_shape is None:
-                raise ConfigError(f"partition_method={method!r} needs params.input_shape")
-            spec = partition.input_spec(list(self.params.input_shape), self.params.input_dtype)
-            costs["flops"] = [float(f) for f in partition.traced_flops(probes, spec)]
-            if method == "measured":
-                costs["seconds"] = partition.measured_seconds(probes, spec)
-            return costs.get("seconds", costs["flops"])
+        def estimate(method: str) -> list[float]:  # the whole batch's cost per layer
+            shape, dtype = self.params.input_shape, self.params.input_dtype
+            spec = None if shape is None else lambda _: partition.input_spec(list(shape), dtype)
+            return partition.layer_costs(method, partition.probes(self, layers), spec, costs)
 
         try:
             return partition.cut(n, k, split_points, method, estimate), costs

@@ -110,6 +110,44 @@ def _check_counts(num_layers: int, num_stages: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------- costs
+def probes(parent: BaseLayer, layer_params: Sequence[Any], prefix: str = "layer") -> list[BaseLayer]:
+    """The layers built outside ``parent``'s children, to estimate their costs: the caller drops them
+    and builds the real ones on their devices (initialization is stateless: the same weights)."""
+    built = []
+    for i, lp in enumerate(layer_params):
+        q = lp.copy()
+        q.name = lp.name or f"{prefix}_{i}"
+        built.append(q.cls(q, parent=parent))
+    return built
+
+
+def layer_costs(
+    method: str,
+    layers: Sequence[BaseLayer],
+    spec: Callable[[bool], Any] | None,
+    record: dict[str, list[float]],
+) -> list[float]:
+    """Each layer's cost under ``method``: ``params`` its parameter bytes, ``flops`` its forward FLOPs
+    traced at ``spec(False)``, ``measured`` its forward + backward seconds at ``spec(True)`` (the input
+    one part really gets: GPipe a micro-batch, local parallelism the batch). This input is all that
+    differs between the two; every cost computed on the way is kept in ``record`` for the report.
+    ``spec`` is None when the layer has no ``params.input_shape``, which only ``params`` can do without.
+    """
+    if method == "params":
+        record["param_bytes"] = [float(parameter_bytes(x)) for x in layers]
+        return record["param_bytes"]
+    if spec is None:
+        raise ConfigError(
+            f"partition_method={method!r} needs params.input_shape (the shape of one input batch, "
+            "e.g. [32, 784])"
+        )
+    record["flops"] = [float(f) for f in traced_flops(layers, spec(False))]
+    if method == "flops":
+        return record["flops"]
+    record["seconds"] = measured_seconds(layers, spec(True))
+    return record["seconds"]
+
+
 def parameter_bytes(layer: BaseLayer) -> int:
     """Bytes of all the layer's variables."""
     return int(sum(np.prod(v.shape) * v.dtype.size for v in layer.variables))

@@ -220,24 +220,23 @@ class GPipeLayer(BaseLayer):
                 f"so use num_stages <= {n // v}"
             )
         self._costs = {}
-        if split_points:
-            self._bounds = self._checked(partition.bounds_from_split_points, split_points, n)
-        elif method == "uniform" or k == 1:
-            self._bounds = partition.uniform_bounds(n, k)
-        else:
-            # Cost estimates need built layers; these are dropped and rebuilt on their stage's device
-            # (initialization is stateless, so the weights come out the same).
-            costs = self._estimate(method, self._build(layers, [None] * n, "layer", attach=False))
-            self._bounds = self._checked(partition.balanced_bounds, costs, k)
+
+        def costs(method: str) -> list[float]:  # a micro-batch's cost per layer
+            spec = self._spec if self.params.input_shape is not None else None
+            return partition.layer_costs(method, partition.probes(self, layers), spec, self._costs)
+
+        self._bounds = self._checked(partition.cut, n, k, split_points, method, costs)
         self._devices = self._resolve_devices(devices)
         stage_of = [s for s in range(k) for _ in range(self._bounds[s], self._bounds[s + 1])]
         self._layers = self._build(layers, [self._devices[s % devices] for s in stage_of], "layer")
         self._add_report_costs()
 
-    def _checked(self, fn: Callable[..., list[int]], *args: Any) -> list[int]:
+    def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except ConfigError as e:
+            if str(e).startswith(f"{self.path}: "):
+                raise
             raise ConfigError(f"{self.path}: {e}") from None
 
     def _add_report_costs(self) -> None:
@@ -246,19 +245,11 @@ class GPipeLayer(BaseLayer):
         if "flops" not in self._costs and self.params.input_shape is not None:
             self._costs["flops"] = [float(f) for f in partition.traced_flops(self._layers, self._spec())]
 
-    def _build(
-        self, params_list: list[Params], devices: list[str | None], prefix: str, attach: bool = True
-    ) -> list[BaseLayer]:
+    def _build(self, params_list: list[Params], devices: list[str | None], prefix: str) -> list[BaseLayer]:
         built = []
         for i, (params, device) in enumerate(zip(params_list, devices)):
-            name = params.name or f"{prefix}_{i}"
             with device_choice.on(device):
-                if attach:
-                    built.append(self.create_child(name, params))
-                else:
-                    q = params.copy()
-                    q.name = name
-                    built.append(q.cls(q, parent=self))
+                built.append(self.create_child(params.name or f"{prefix}_{i}", params))
         return built
 
     def _spec(self, need_micro_batch: bool = False) -> tf.TensorSpec:
@@ -286,21 +277,6 @@ class GPipeLayer(BaseLayer):
             )
         shape[bd] = micro
         return self._checked(partition.input_spec, shape, self.params.input_dtype)
-
-    def _estimate(self, method: str, layers: list[BaseLayer]) -> list[float]:
-        if method == "params":
-            self._costs["param_bytes"] = [float(partition.parameter_bytes(x)) for x in layers]
-            return self._costs["param_bytes"]
-        if self.params.input_shape is None:
-            raise ConfigError(
-                f"{self.path}: partition_method={method!r} needs params.input_shape (the shape of one "
-                "input batch, e.g. [32, 784])"
-            )
-        self._costs["flops"] = [float(f) for f in partition.traced_flops(layers, self._spec())]
-        if method == "flops":
-            return self._costs["flops"]
-        self._costs["seconds"] = partition.measured_seconds(layers, self._spec(need_micro_batch=True))
-        return self._costs["seconds"]
 
     def _resolve_devices(self, k: int) -> list[str | None]:
         return device_choice.resolve(self.path, list(self.params.devices), k, "stage")
