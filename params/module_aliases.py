@@ -23,6 +23,10 @@ ALIASES: dict[str, str] = {
     "layers.partition": "layers.parallel.partition",
     "layers.local_parallel": "layers.parallel.local",
     "layers.mesh": "layers.parallel.mesh",
+    # Issue 24: layers/transformer.py split into modules with one job each (the layer stays).
+    "layers.transformer/PositionalEmbedding": "layers.transformer_input/PositionalEmbedding",
+    "layers.transformer/TransformerInput": "layers.transformer_input/TransformerInput",
+    "layers.transformer/TransformerStack": "layers.transformer_stack/TransformerStack",
 }
 
 _TYPEREF = re.compile(r"\b(type|callable)/([A-Za-z_][\w.]*)/([A-Za-z_][\w.]*)")

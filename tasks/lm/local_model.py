@@ -12,7 +12,7 @@ import tensorflow as tf
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import LayerNorm, OnKeyLayer, SoftmaxLayer
 from layers.parallel import local as local_parallel
-from layers.transformer import TransformerInput
+from layers.transformer_input import TransformerInput
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 from tasks import local

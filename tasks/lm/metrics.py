@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from layers import transformer as tfm
+from layers.losses import label_smoothed_xent
 from tasks.base_task import Metrics
 
 
@@ -15,8 +15,8 @@ def token_metrics(
     ``token_accuracy``, each a mean over real tokens weighted by their number; also the weights."""
     weights = 1.0 - tf.cast(paddings, tf.float32)
     num_tokens = tf.reduce_sum(weights)
-    nll = tfm.label_smoothed_xent(logits, labels, 0.0)
-    loss = nll if not label_smoothing else tfm.label_smoothed_xent(logits, labels, label_smoothing)
+    nll = label_smoothed_xent(logits, labels, 0.0)
+    loss = nll if not label_smoothing else label_smoothed_xent(logits, labels, label_smoothing)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
 
     def mean(x: tf.Tensor) -> tf.Tensor:
@@ -41,8 +41,8 @@ def token_sums(
     ``token_accuracy`` (and ``achievable_log_pplx`` from a ``label_entropy``), and ``num_tokens``.
     Summed over micro-batches, ``metrics_from_sums`` turns them into ``token_metrics``' metrics."""
     weights = 1.0 - tf.cast(paddings, tf.float32)
-    nll = tfm.label_smoothed_xent(logits, labels, 0.0)
-    loss = nll if not label_smoothing else tfm.label_smoothed_xent(logits, labels, label_smoothing)
+    nll = label_smoothed_xent(logits, labels, 0.0)
+    loss = nll if not label_smoothing else label_smoothed_xent(logits, labels, label_smoothing)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
     sums = {
         "loss": tf.reduce_sum(loss * weights, axis=-1),

@@ -14,9 +14,17 @@ import numpy as np
 import tensorflow as tf
 
 from layers import beam_search
-from layers import transformer as tfm
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import SoftmaxLayer
+from layers.losses import tied_logits
+from layers.transformer_decoding import (
+    cached_step_fn,
+    full_prefix_step_fn,
+    init_cached_state,
+    init_full_prefix_state,
+)
+from layers.transformer_input import TransformerInput
+from layers.transformer_stack import TransformerStack, stack_params
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 from tasks.base_task import AverageMetric, BaseTask, DecoderMetric, Metrics, decode_params
@@ -40,8 +48,8 @@ class TransformerLmTask(BaseTask):
     def Params(cls) -> InstantiableParams:
         p = super().Params()
         p.define("vocab", vocabulary.vocab_params(size=36), "Vocabulary (the inputs use the same).")
-        p.define("emb", tfm.TransformerInput.Params(), "Token and position embedding.")
-        p.define("stack", tfm.TransformerStack.Params(), "Causal layers without cross-attention.")
+        p.define("emb", TransformerInput.Params(), "Token and position embedding.")
+        p.define("stack", TransformerStack.Params(), "Causal layers without cross-attention.")
         p.define("tie_softmax", True, "Output logits use the embedding matrix.")
         p.define("softmax", SoftmaxLayer.Params(), "Output layer when tie_softmax is False.")
         p.define("label_smoothing", 0.0, "Label smoothing of the training loss.")
@@ -70,7 +78,7 @@ class TransformerLmTask(BaseTask):
 
     def logits(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         if self.params.tie_softmax:
-            return tfm.tied_logits(x, self.emb.emb_matrix())
+            return tied_logits(x, self.emb.emb_matrix())
         return self.softmax.logits(ctx, x)
 
     def compute_predictions(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -139,14 +147,14 @@ class TransformerLmTask(BaseTask):
     ) -> tf.Tensor:
         """``[batch, max_length]`` ids: each row's prompt (its first ``prompt_lengths`` ids, default
         all of ``prompt``), then the model's greedy continuation up to EOS."""
-        make_step = tfm.cached_step_fn if self.params.decode.use_cache else tfm.full_prefix_step_fn
+        make_step = cached_step_fn if self.params.decode.use_cache else full_prefix_step_fn
         step = make_step(ctx, self.emb, self.stack, lambda y: self.logits(ctx, y))
         if prompt.shape[1] != 0:
             step = _force_prefix(step, prompt, self.params.vocab.size, prompt_lengths)
         if self.params.decode.use_cache:
-            state = tfm.init_cached_state(self.stack, batch_size, max_length)
+            state = init_cached_state(self.stack, batch_size, max_length)
         else:
-            state = tfm.init_full_prefix_state(batch_size, max_length)
+            state = init_full_prefix_state(batch_size, max_length)
         out = beam_search.greedy_search(step, state, batch_size, max_length, BOS_ID, EOS_ID, PAD_ID)
         return out["ids"]
 
@@ -258,7 +266,7 @@ def transformer_lm_params(
         max_length=max_length,
         dropout_prob=dropout_prob,
     )
-    p.stack = tfm.stack_params(
+    p.stack = stack_params(
         num_layers,
         model_dim,
         num_heads,

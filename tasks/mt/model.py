@@ -10,9 +10,17 @@ import numpy as np
 import tensorflow as tf
 
 from layers import beam_search
-from layers import transformer as tfm
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import SoftmaxLayer
+from layers.losses import tied_logits
+from layers.transformer_decoding import (
+    cached_step_fn,
+    full_prefix_step_fn,
+    init_cached_state,
+    init_full_prefix_state,
+)
+from layers.transformer_input import TransformerInput
+from layers.transformer_stack import TransformerStack, stack_params
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 from tasks.base_task import AverageMetric, BaseTask, DecoderMetric, Metrics, decode_params
@@ -39,11 +47,11 @@ class TransformerMtTask(BaseTask):
     def Params(cls) -> InstantiableParams:
         p = super().Params()
         p.define("vocab", vocabulary.vocab_params(size=20), "Vocabulary (the inputs use the same).")
-        p.define("src_emb", tfm.TransformerInput.Params(), "Source embedding (unused when shared).")
-        p.define("tgt_emb", tfm.TransformerInput.Params(), "Target embedding (and source, when shared).")
+        p.define("src_emb", TransformerInput.Params(), "Source embedding (unused when shared).")
+        p.define("tgt_emb", TransformerInput.Params(), "Target embedding (and source, when shared).")
         p.define("share_embeddings", True, "Source and target share tgt_emb (one child named emb).")
-        p.define("encoder", tfm.TransformerStack.Params(), "Encoder stack (layers not causal).")
-        p.define("decoder", tfm.TransformerStack.Params(), "Decoder stack (causal, cross-attention).")
+        p.define("encoder", TransformerStack.Params(), "Encoder stack (layers not causal).")
+        p.define("decoder", TransformerStack.Params(), "Decoder stack (causal, cross-attention).")
         p.define("tie_softmax", True, "Output logits use the target embedding matrix.")
         p.define("softmax", SoftmaxLayer.Params(), "Output layer when tie_softmax is False.")
         p.define("label_smoothing", 0.1, "Label smoothing of the training loss.")
@@ -74,15 +82,15 @@ class TransformerMtTask(BaseTask):
             self._vocab = Vocabulary.from_params(self.params.vocab)
         return self._vocab
 
-    def _source_embedding(self) -> tfm.TransformerInput:
+    def _source_embedding(self) -> TransformerInput:
         return self.emb if self.params.share_embeddings else self.src_emb
 
-    def _target_embedding(self) -> tfm.TransformerInput:
+    def _target_embedding(self) -> TransformerInput:
         return self.emb if self.params.share_embeddings else self.tgt_emb
 
     def logits(self, ctx: FPropContext, x: tf.Tensor) -> tf.Tensor:
         if self.params.tie_softmax:
-            return tfm.tied_logits(x, self._target_embedding().emb_matrix())
+            return tied_logits(x, self._target_embedding().emb_matrix())
         return self.softmax.logits(ctx, x)
 
     def encode(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> tf.Tensor:
@@ -149,14 +157,14 @@ class TransformerMtTask(BaseTask):
         k = p.beam_size
         if k > 1:
             source, src_paddings = beam_search.tile_beams((source, src_paddings), k)
-        make_step = tfm.cached_step_fn if p.use_cache else tfm.full_prefix_step_fn
+        make_step = cached_step_fn if p.use_cache else full_prefix_step_fn
         step = make_step(
             ctx, self._target_embedding(), self.decoder, lambda y: self.logits(ctx, y), source, src_paddings
         )
         if p.use_cache:
-            state = tfm.init_cached_state(self.decoder, batch_size, max_length)
+            state = init_cached_state(self.decoder, batch_size, max_length)
         else:
-            state = tfm.init_full_prefix_state(batch_size, max_length)
+            state = init_full_prefix_state(batch_size, max_length)
         if k > 1:
             out = beam_search.beam_search(
                 step, state, batch_size, k, max_length, BOS_ID, EOS_ID, p.length_alpha, PAD_ID
@@ -242,7 +250,7 @@ def transformer_mt_params(
     """A TransformerMtTask of the given size (shared embeddings, tied softmax)."""
     p = TransformerMtTask.Params()
     p.vocab = vocab.copy()
-    emb = tfm.TransformerInput.Params().set(
+    emb = TransformerInput.Params().set(
         vocab_size=vocab.size,
         model_dim=model_dim,
         position=position,
@@ -251,10 +259,8 @@ def transformer_mt_params(
     )
     p.src_emb = emb.copy()
     p.tgt_emb = emb.copy()
-    p.encoder = tfm.stack_params(
-        num_encoder_layers, model_dim, num_heads, hidden_dim, dropout_prob=dropout_prob
-    )
-    p.decoder = tfm.stack_params(
+    p.encoder = stack_params(num_encoder_layers, model_dim, num_heads, hidden_dim, dropout_prob=dropout_prob)
+    p.decoder = stack_params(
         num_decoder_layers, model_dim, num_heads, hidden_dim, decoder=True, dropout_prob=dropout_prob
     )
     p.softmax.set(input_dim=model_dim, num_classes=vocab.size)

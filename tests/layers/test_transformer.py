@@ -9,26 +9,35 @@ import pytest
 import tensorflow as tf
 
 from layers import beam_search
-from layers import transformer as tfm
 from layers.base_layer import FPropContext
 from layers.core import SoftmaxLayer
+from layers.losses import label_smoothed_xent
+from layers.transformer import transformer_layer_params
+from layers.transformer_decoding import (
+    cached_step_fn,
+    full_prefix_step_fn,
+    init_cached_state,
+    init_full_prefix_state,
+)
+from layers.transformer_input import PositionalEmbedding, TransformerInput, sinusoidal_positions
+from layers.transformer_stack import TransformerStack, stack_params
 from params.errors import ConfigError
 
 CTX = FPropContext()
 DIM = 16
 
 
-def _decoder(num_layers: int = 2, **kwargs) -> tfm.TransformerStack:
-    p = tfm.stack_params(num_layers, DIM, 4, 32, decoder=True, **kwargs).set(name="dec", random_seed=3)
+def _decoder(num_layers: int = 2, **kwargs) -> TransformerStack:
+    p = stack_params(num_layers, DIM, 4, 32, decoder=True, **kwargs).set(name="dec", random_seed=3)
     return p.instantiate()
 
 
-def _encoder(num_layers: int = 2) -> tfm.TransformerStack:
-    return tfm.stack_params(num_layers, DIM, 4, 32).set(name="enc", random_seed=4).instantiate()
+def _encoder(num_layers: int = 2) -> TransformerStack:
+    return stack_params(num_layers, DIM, 4, 32).set(name="enc", random_seed=4).instantiate()
 
 
 def test_sinusoidal_positions_follow_the_formula():
-    signal = tfm.sinusoidal_positions(tf.range(5), 8).numpy()
+    signal = sinusoidal_positions(tf.range(5), 8).numpy()
     assert signal.shape == (5, 8)
     inv = 1e4 ** (-np.arange(4) / 3.0)
     pos = np.arange(5)[:, None] * inv
@@ -36,7 +45,7 @@ def test_sinusoidal_positions_follow_the_formula():
 
 
 def test_learned_positions_and_positions_argument():
-    p = tfm.TransformerInput.Params().set(
+    p = TransformerInput.Params().set(
         name="emb", vocab_size=10, model_dim=DIM, position="learned", max_length=8
     )
     emb = p.instantiate()
@@ -100,7 +109,7 @@ def test_extend_step_matches_full_decoder():
 
 
 def _decode_setup(batch: int = 3, vocab: int = 11):
-    emb = tfm.TransformerInput.Params().set(name="emb", vocab_size=vocab, model_dim=DIM, random_seed=5)
+    emb = TransformerInput.Params().set(name="emb", vocab_size=vocab, model_dim=DIM, random_seed=5)
     emb = emb.instantiate()
     dec = _decoder(2)
     rng = np.random.RandomState(3)
@@ -123,11 +132,11 @@ def test_cached_decoding_gives_the_tokens_of_full_prefix_decoding(beam_size):
     def run(use_cache: bool):
         s, sp = (src, src_pad) if beam_size == 1 else beam_search.tile_beams((src, src_pad), beam_size)
         if use_cache:
-            step = tfm.cached_step_fn(CTX, emb, dec, logits_fn, s, sp)
-            state = tfm.init_cached_state(dec, 3, max_length)
+            step = cached_step_fn(CTX, emb, dec, logits_fn, s, sp)
+            state = init_cached_state(dec, 3, max_length)
         else:
-            step = tfm.full_prefix_step_fn(CTX, emb, dec, logits_fn, s, sp)
-            state = tfm.init_full_prefix_state(3, max_length)
+            step = full_prefix_step_fn(CTX, emb, dec, logits_fn, s, sp)
+            state = init_full_prefix_state(3, max_length)
         if beam_size == 1:
             return beam_search.greedy_search(step, state, 3, max_length, 1, 2)
         return beam_search.beam_search(step, state, 3, beam_size, max_length, 1, 2)
@@ -146,7 +155,7 @@ def test_label_smoothed_xent_matches_formula_and_softmax_layer():
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     target = (1 - eps) * np.eye(7)[labels] + eps / 7
     want = -(target * log_probs).sum(-1)
-    got = tfm.label_smoothed_xent(tf.constant(logits), tf.constant(labels), eps).numpy()
+    got = label_smoothed_xent(tf.constant(logits), tf.constant(labels), eps).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5)
     # Same convention as layers.core.SoftmaxLayer.
     sm = SoftmaxLayer.Params().set(name="sm", input_dim=7, num_classes=7, label_smoothing=eps).instantiate()
@@ -155,7 +164,7 @@ def test_label_smoothed_xent_matches_formula_and_softmax_layer():
 
 
 def test_dropout_in_layers_is_reproducible_by_step():
-    p = tfm.stack_params(1, DIM, 4, 32, dropout_prob=0.3).set(name="enc")
+    p = stack_params(1, DIM, 4, 32, dropout_prob=0.3).set(name="enc")
     enc = p.instantiate()
     x = np.random.RandomState(5).randn(2, 4, DIM).astype(np.float32)
     a, b, c = (enc(FPropContext(training=True, step=s), x).numpy() for s in (1, 1, 2))
@@ -165,7 +174,7 @@ def test_dropout_in_layers_is_reproducible_by_step():
 
 
 def test_stack_is_a_plain_list_of_layer_params():
-    p = tfm.stack_params(3, DIM, 4, decoder=True)
+    p = stack_params(3, DIM, 4, decoder=True)
     assert p.get("layers[2].num_heads") == 4 and p.get("layers[0].causal") is True
     p.set(**{"layers[1].hidden_dim": 8, "name": "dec"})
     dec = p.instantiate()
@@ -176,11 +185,11 @@ def test_stack_is_a_plain_list_of_layer_params():
 
 def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match="model_dim=16"):
-        tfm.TransformerStack.Params().set(
-            name="s", model_dim=DIM, layers=[tfm.transformer_layer_params(8, 2)]
+        TransformerStack.Params().set(
+            name="s", model_dim=DIM, layers=[transformer_layer_params(8, 2)]
         ).instantiate()
     with pytest.raises(ConfigError, match="kind must be one of"):
-        tfm.PositionalEmbedding.Params().set(name="p", embedding_dim=4, kind="rotary").instantiate()
+        PositionalEmbedding.Params().set(name="p", embedding_dim=4, kind="rotary").instantiate()
     dec = _decoder(1)
     with pytest.raises(ConfigError, match="needs a source"):
         dec(CTX, np.zeros((1, 2, DIM), np.float32))
@@ -192,7 +201,7 @@ def test_stack_layers_run_as_a_gpipe_pipeline():
     gradients equal the sequential stack's for K=2 stages and M=2 micro-batches."""
     from layers.parallel.pipeline.gpipe import GPipeLayer
 
-    stack_p = tfm.stack_params(4, DIM, 4, 32, decoder=True).set(name="dec", random_seed=9, final_ln=False)
+    stack_p = stack_params(4, DIM, 4, 32, decoder=True).set(name="dec", random_seed=9, final_ln=False)
     stack = stack_p.instantiate()
     pipe = (
         GPipeLayer.Params()
@@ -237,10 +246,10 @@ def test_stack_layers_run_as_a_gpipe_pipeline():
         )
 
 
-def _pipelined_decoder(num_layers: int = 4, **pipeline) -> tfm.TransformerStack:
+def _pipelined_decoder(num_layers: int = 4, **pipeline) -> TransformerStack:
     from layers.parallel.pipeline.gpipe import GPipeLayer
 
-    p = tfm.stack_params(num_layers, DIM, 4, 32, decoder=True).set(name="dec", random_seed=3)
+    p = stack_params(num_layers, DIM, 4, 32, decoder=True).set(name="dec", random_seed=3)
     p.pipeline = GPipeLayer.Params().set(name="pipeline", **pipeline)
     return p.instantiate()
 
@@ -289,10 +298,10 @@ def test_stack_pipeline_param_runs_the_same_layers_as_a_pipeline(training):
 def test_stack_pipeline_param_errors():
     from layers.parallel.pipeline.gpipe import GPipeLayer
 
-    p = tfm.stack_params(2, DIM, 4, 32, decoder=True).set(name="dec")
+    p = stack_params(2, DIM, 4, 32, decoder=True).set(name="dec")
     with pytest.raises(ConfigError, match="must be None or GPipeLayer.Params"):
-        p.copy().set(pipeline=tfm.TransformerStack.Params()).instantiate()
-    template = GPipeLayer.Params().set(name="pipeline", layers=[tfm.transformer_layer_params(DIM, 4)])
+        p.copy().set(pipeline=TransformerStack.Params()).instantiate()
+    template = GPipeLayer.Params().set(name="pipeline", layers=[transformer_layer_params(DIM, 4)])
     with pytest.raises(ConfigError, match="leave params.pipeline.layers and .stages empty"):
         p.copy().set(pipeline=template).instantiate()
     with pytest.raises(ConfigError, match="num_stages=3 but there are only 2 layers"):

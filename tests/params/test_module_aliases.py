@@ -25,6 +25,7 @@ def _typerefs(path: Path) -> list[str]:
 def test_the_old_files_name_moved_modules():
     old = {TYPEREF.match(v).group(2) for path in OLD for v in _typerefs(path)}
     assert {"layers.gpipe", "layers.local_parallel"} <= old  # else this test proves nothing
+    assert any("layers.transformer/TransformerInput" in v for path in OLD for v in _typerefs(path))
     assert len(OLD) == 2
 
 
@@ -59,6 +60,11 @@ def test_upgrade_touches_only_class_paths_of_moved_modules():
         == "type/layers.parallel.pipeline.gpipe/GPipeLayer"
     )
     assert module_aliases.upgrade("[type/layers.mesh/X, 3]") == "[type/layers.parallel.mesh/X, 3]"
+    moved_class = "type/layers.transformer/TransformerInput"  # a class that left a module still there
+    assert module_aliases.upgrade(moved_class) == "type/layers.transformer_input/TransformerInput"
+    assert module_aliases.upgrade("type/layers.transformer/TransformerLayer") == (
+        "type/layers.transformer/TransformerLayer"
+    )
     for unchanged in ("type/layers.core/Conv", "'type/layers.gpipe/GPipeLayer'", "3", "type/layers.gpipes/G"):
         assert module_aliases.upgrade(unchanged) == unchanged
 

@@ -42,17 +42,24 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     from layers import beam_search
-    from layers import transformer as tfm
     from layers.base_layer import FPropContext
+    from layers.transformer_decoding import (
+        cached_step_fn,
+        full_prefix_step_fn,
+        init_cached_state,
+        init_full_prefix_state,
+    )
+    from layers.transformer_input import TransformerInput
+    from layers.transformer_stack import stack_params
     from tasks.lm.vocabulary import BOS_ID, EOS_ID
 
     emb = (
-        tfm.TransformerInput.Params()
+        TransformerInput.Params()
         .set(name="emb", vocab_size=args.vocab_size, model_dim=args.model_dim, random_seed=1)
         .instantiate()
     )
     stack = (
-        tfm.stack_params(
+        stack_params(
             args.num_layers,
             args.model_dim,
             args.num_heads,
@@ -74,14 +81,14 @@ def main(argv: list[str]) -> int:
 
     @tf.function
     def cached() -> tf.Tensor:
-        step = tfm.cached_step_fn(ctx, emb, stack, logits_fn)
-        state = tfm.init_cached_state(stack, rows, length)
+        step = cached_step_fn(ctx, emb, stack, logits_fn)
+        state = init_cached_state(stack, rows, length)
         return beam_search.greedy_search(step, state, rows, length, BOS_ID, EOS_ID)["ids"]
 
     @tf.function
     def full_prefix() -> tf.Tensor:
-        step = tfm.full_prefix_step_fn(ctx, emb, stack, logits_fn)
-        state = tfm.init_full_prefix_state(rows, length)
+        step = full_prefix_step_fn(ctx, emb, stack, logits_fn)
+        state = init_full_prefix_state(rows, length)
         return beam_search.greedy_search(step, state, rows, length, BOS_ID, EOS_ID)["ids"]
 
     sides = {"cached": cached, "full_prefix": full_prefix}
