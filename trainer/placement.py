@@ -44,6 +44,7 @@ class OnDevice:
     is_chief = True
     steps_per_call: int | None = None  # None: timed, about a second of work per call
     keeps_input_position = True  # the checkpoint holds the iterator
+    saves_everywhere = False  # True: every process takes part in each save (a mesh across processes)
 
     # ---------------------------------------------------------------------- building the step
     @contextlib.contextmanager
@@ -99,6 +100,11 @@ class OnDevice:
 
     def restored(self, step: TrainStep, at_step: int) -> None:
         """After the restore (or a fresh start) at ``at_step``."""
+
+    def any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` is set in any process that saves (a decision every such process must make
+        alike: a save by time)."""
+        return flag
 
     # --------------------------------------------------------------------------- the loop's end
     def stop_requested(self, sigterm: signals.Flag) -> bool:
