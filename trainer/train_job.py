@@ -100,6 +100,10 @@ class TrainLoop:
         )
         restored = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())
+        if restored and self.placement.keeps_input_position and not self.checkpointer.restored_input_position:
+            self.step_fn.skip_to(
+                self.step
+            )  # saved without the input position (sync, a mesh across processes)
         self.placement.restored(self.step_fn, self.step)
         if not self.is_chief:
             return
