@@ -14,6 +14,9 @@ the only thing that differs between modes:
                      (ParameterServerStrategy)      by a ClusterCoordinator
     MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   trainer/mesh_setup.py
                                                     each batch copied onto the mesh
+    MeshAcrossProcesses (--mode=mesh, trainer/mesh_cluster.py): the mesh's devices in K processes
+                     (multi-client DTensor); the same loop of compiled steps, a fixed number per
+                     call; every process saves the slices its devices hold
 
 A placement for stages in other processes is one more subclass: it says where the variables are
 built, how gradients are reduced, how ``n`` steps are dispatched, and how a checkpoint is written.
