@@ -3,9 +3,11 @@
     python -m tools.local_cluster --workers=2 --model=image.digits.ConvNet --logdir=runs/digits2
     python -m tools.local_cluster --workers=2 --ps=1 --model=image.digits.ConvNet --logdir=runs/async
     python -m tools.local_cluster --workers=2 --model=... --logdir=... -- --params_override='...'
+    python -m tools.local_cluster --mesh --workers=2 --model=lm.synthetic.MeshTransformerLM --logdir=runs/m
 
 Picks free ports on 127.0.0.1, starts ``python -m trainer`` once per task with ``--mode=sync`` (no
-ps) or ``--mode=async`` (``--ps`` > 0: a controller, the trainers and the parameter servers), the
+ps), ``--mode=async`` (``--ps`` > 0: a controller, the trainers and the parameter servers) or
+``--mode=mesh`` (``--mesh``: the experiment's DTensor mesh spread over ``--workers`` processes), the
 right ``--cluster_spec``, ``--job`` and ``--task_index``, and prints every output line prefixed with
 the process's name (``[trainer:1] ...``). Before starting, it prints each process's command: the ones
 to run on real machines, with real host names. Ctrl-C (or SIGTERM) is forwarded to every process. When
@@ -67,12 +69,14 @@ def cluster_spec(workers: int, ps: int, ports: Sequence[int], host: str = HOST) 
     return "@".join(jobs)
 
 
-def tasks(workers: int, ps: int, trainer_flags: Sequence[str], python: str = sys.executable) -> list[Task]:
-    """Every process of the cluster, with its full command line."""
-    if workers < 1 or ps < 0:
-        raise ValueError(f"--workers must be >= 1 and --ps >= 0, got {workers} and {ps}")
+def tasks(
+    workers: int, ps: int, trainer_flags: Sequence[str], python: str = sys.executable, mesh: bool = False
+) -> list[Task]:
+    """Every process of the cluster, with its full command line (``mesh``: of a mesh across processes)."""
+    if workers < 1 or ps < 0 or (mesh and ps):
+        raise ValueError(f"--workers must be >= 1 and --ps >= 0 (0 with --mesh), got {workers} and {ps}")
     spec = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
-    mode = "async" if ps else "sync"
+    mode = "mesh" if mesh else "async" if ps else "sync"
     jobs = ([("controller", 0)] if ps else []) + [("trainer", i) for i in range(workers)]
     jobs += [("ps", i) for i in range(ps)]
     base = [python, "-m", "trainer", f"--mode={mode}", f"--cluster_spec={spec}"]
@@ -175,6 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=2, help="Trainer replicas (TensorFlow workers).")
     parser.add_argument("--ps", type=int, default=0, help="Parameter servers; > 0 trains async.")
+    parser.add_argument(
+        "--mesh",
+        action="store_true",
+        help="Spread the experiment's DTensor mesh (cluster.mesh_shape) over the --workers processes.",
+    )
     parser.add_argument("--model", required=True, help="Registry key of the experiment.")
     parser.add_argument("--logdir", required=True, help="The run's shared logdir.")
     parser.add_argument(
@@ -187,8 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest = [a for a in rest if a != "--"]
     if args.workers < 1 or args.ps < 0:
         parser.error(f"--workers must be >= 1 and --ps >= 0, got {args.workers} and {args.ps}")
+    if args.mesh and args.ps:
+        parser.error("--mesh and --ps: a mesh's processes are all trainers; leave --ps out")
     flags = [f"--model={args.model}", f"--logdir={args.logdir}", *rest]
-    return run(tasks(args.workers, args.ps, flags), args.grace_seconds)
+    return run(tasks(args.workers, args.ps, flags, mesh=args.mesh), args.grace_seconds)
 
 
 if __name__ == "__main__":

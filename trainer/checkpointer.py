@@ -213,6 +213,7 @@ class Checkpointer:
         # Without an iterator (data-parallel or async training position the input by the step), a
         # checkpoint written by one process, which holds its iterator too, restores all but that.
         self._without_iterator = "iterator" not in objects
+        self.restored_input_position = False  # whether the last restore positioned the iterator
         self._checkpoint.save_counter  # noqa: B018 (created now, so a restore can match all of a checkpoint)
         check_state(train_dir)  # TensorFlow reads a missing or damaged state file as 'nothing saved'
         try:
@@ -249,11 +250,15 @@ class Checkpointer:
                 "is missing; restore it or fix that file"
             )
         try:
+            holds_iterator = _holds_iterator(path)
             status = self._checkpoint.read(path)
-            if self._without_iterator and _holds_iterator(path):
+            if self._without_iterator != (not holds_iterator):
+                # One side has the input position, the other not (a checkpoint of sync replicas or a
+                # mesh across processes, whose position is a function of the step): the rest.
                 status.expect_partial().assert_existing_objects_matched()
             else:
                 status.assert_consumed()
+            self.restored_input_position = holds_iterator and not self._without_iterator
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
         return path

@@ -23,7 +23,7 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import InstantiableParams, Params  # noqa: E402
 from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
-MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets", "profile_pipeline")
+MODES = ("train", "sync", "async", "mesh", "inspect_params", "inspect_datasets", "profile_pipeline")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -51,7 +51,8 @@ flags.DEFINE_enum(
     MODES,
     "train: run the jobs named by --job (one trainer process). sync / async: this process is one "
     "task of a training cluster (--cluster_spec or TF_CONFIG): sync data parallel (all-reduce) or "
-    "async with parameter servers. inspect_params: print "
+    "async with parameter servers. mesh: this process is one of the processes a DTensor mesh "
+    "(cluster.mesh_shape) is spread over (--cluster_spec=trainer=host:port,host:port). inspect_params: print "
     "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
     "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
     "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
@@ -63,7 +64,7 @@ flags.DEFINE_string(
     "sync: trainer=host:port,host:port; async: controller=host:port@trainer=host:port,...@ps=host:port. "
     "Empty: read TF_CONFIG.",
 )
-flags.DEFINE_integer("task_index", 0, "--mode=sync|async: this process's index within its --job.")
+flags.DEFINE_integer("task_index", 0, "--mode=sync|async|mesh: this process's index within its --job.")
 flags.DEFINE_integer(
     "cluster_wait_secs",
     600,
@@ -182,7 +183,7 @@ def main(argv: list[str]) -> int:
     root = resolve_params()
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
-    preflight.check(root, build=FLAGS.mode not in ("sync", "async"))  # what training would refuse
+    preflight.check(root, build=FLAGS.mode not in ("sync", "async", "mesh"))  # what training would refuse
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
         return 0
@@ -199,6 +200,17 @@ def main(argv: list[str]) -> int:
         from trainer.pipeline_views import profiling
 
         return profiling.run(root, FLAGS.logdir, log=print)
+    if FLAGS.mode == "mesh":
+        from trainer.distributed import mesh_cluster
+
+        return mesh_cluster.run(
+            root,
+            FLAGS.logdir,
+            FLAGS.cluster_spec,
+            FLAGS.task_index,
+            allow_params_change=FLAGS.allow_params_change,
+            cluster_wait_secs=FLAGS.cluster_wait_secs,
+        )
     if FLAGS.mode in ("sync", "async"):
         from trainer.distributed import jobs as cluster_jobs
 

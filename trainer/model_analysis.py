@@ -57,7 +57,7 @@ def mesh_layouts(variables: list[tf.Variable]) -> str:
     mesh = dtensor.fetch_layout(sharded[0]).mesh
     axes = " x ".join(f"{name}={mesh.dim_size(name)}" for name in mesh.dim_names)
     width = max([len(_name(v)) for v in sharded] + [8])
-    lines = [f"mesh: {axes} ({mesh.num_local_devices()} devices)"]
+    lines = [f"mesh: {axes} ({mesh.size} devices)"]
     lines.append(f"{'variable':<{width}}  {'layout':<24}  {'bytes/device':>12}  {'bytes':>12}")
     local_total = total = 0
     for var in sharded:

@@ -14,6 +14,9 @@ the only thing that differs between modes:
                      (ParameterServerStrategy)      by a ClusterCoordinator            parameter_servers.py
     MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   distributed/
                                                     each batch copied onto the mesh    mesh_placement.py
+    MeshAcrossProcesses (--mode=mesh, distributed/mesh_cluster.py): the mesh's devices in K processes
+                     (multi-client DTensor); the same loop of compiled steps, a fixed number per
+                     call; every process saves the slices its devices hold
 
 A placement for stages in other processes is one more subclass: it says where the variables are
 built, how gradients are reduced, how ``n`` steps are dispatched, and how a checkpoint is written.
@@ -45,6 +48,7 @@ class OnDevice:
     is_chief = True
     steps_per_call: int | None = None  # None: timed, about a second of work per call
     keeps_input_position = True  # the checkpoint holds the iterator
+    saves_everywhere = False  # True: every process takes part in each save (a mesh across processes)
 
     # ---------------------------------------------------------------------- building the step
     @contextlib.contextmanager
@@ -100,6 +104,11 @@ class OnDevice:
 
     def restored(self, step: TrainStep, at_step: int) -> None:
         """After the restore (or a fresh start) at ``at_step``."""
+
+    def any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` is set in any process that saves (a decision every such process must make
+        alike: a save by time)."""
+        return flag
 
     # --------------------------------------------------------------------------- the loop's end
     def stop_requested(self, sigterm: signals.Flag) -> bool:

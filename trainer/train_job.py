@@ -67,6 +67,8 @@ class TrainLoop:
         self._after_save = after_save
         self.placement = placement or mesh_placement.placement_from_cluster(root.cluster)
         self.is_chief = self.placement.is_chief
+        # Who saves: the writer, or every process where a save is collective (a mesh across processes).
+        self._saves = self.is_chief or self.placement.saves_everywhere
         self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train
         self._writer: SummaryWriter | None = None
@@ -99,6 +101,10 @@ class TrainLoop:
         )
         restored = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())
+        if restored and self.placement.keeps_input_position and not self.checkpointer.restored_input_position:
+            self.step_fn.skip_to(
+                self.step
+            )  # saved without the input position (sync, a mesh across processes)
         self.placement.restored(self.step_fn, self.step)
         if not self.is_chief:
             return
@@ -154,23 +160,25 @@ class TrainLoop:
                 per_call = int(steps_per_sec * MAX_SECONDS_PER_CALL)
                 self._steps_per_call = max(1, min(MAX_STEPS_PER_CALL, per_call))
             self.step = stop
-            if not self.is_chief:
+            if self.is_chief:
+                if self._due(p.summary_interval_steps):
+                    self._write_summaries(outputs, summary_rate.mark(self.step))
+                if self._due(p.log_interval_steps):
+                    rate = log_rate.mark(self.step)
+                    loss = float(outputs["task"]["loss"].numpy())
+                    batch_size = self.step_fn.batch_size
+                    self._log(progress.progress_line(self.step, max_steps, loss, rate, rate * batch_size))
+            if not self._saves:
                 continue
-            if self._due(p.summary_interval_steps):
-                self._write_summaries(outputs, summary_rate.mark(self.step))
-            if self._due(p.log_interval_steps):
-                rate = log_rate.mark(self.step)
-                loss = float(outputs["task"]["loss"].numpy())
-                batch_size = self.step_fn.batch_size
-                self._log(progress.progress_line(self.step, max_steps, loss, rate, rate * batch_size))
             now = time.perf_counter()
             by_time = p.save_interval_seconds > 0 and now - last_save_time >= p.save_interval_seconds
+            by_time = self.placement.any_process(by_time)
             if self._due(p.save_interval_steps) or by_time or self.step == max_steps:
                 paused = self.save()  # in-process evaluation does not count against training speed
                 summary_rate.pause(paused)
                 log_rate.pause(paused)
                 last_save_time = time.perf_counter()
-        if self.is_chief and self.step >= max_steps and self.checkpointer.latest_step != self.step:
+        if self._saves and self.step >= max_steps and self.checkpointer.latest_step != self.step:
             self.save()
         if self._stop(sigterm):
             self._terminate()
@@ -183,13 +191,17 @@ class TrainLoop:
     def _terminate(self) -> None:
         """SIGTERM: save at the current step (unless saved already), then stop; the LOCK is released
         on the way out. A process that does not write the logdir saves nothing."""
-        if self.is_chief and self.checkpointer.latest_step != self.step:
+        if self._saves and self.checkpointer.latest_step != self.step:
             if not bool(self.step_fn.weights_finite().numpy()):
                 raise signals.Terminated(f"terminated by SIGTERM at step {self.step}; not saved (NaN/Inf)")
             path = self.checkpointer.save(self.step)
-            self._writer.flush()
+            self._flush()
             self._log(f"trainer: saved {path}")
         raise signals.Terminated(self.placement.terminated(self.step, self.checkpointer.latest_path))
+
+    def _flush(self) -> None:
+        if self._writer is not None:  # None: a process that saves but does not write the logdir
+            self._writer.flush()
 
     def _write_summaries(self, outputs: dict, steps_per_sec: float) -> None:
         values = {
@@ -232,7 +244,7 @@ class TrainLoop:
                 f"(last checkpoint: {self.checkpointer.latest_path or 'none'})"
             )
         path = self.checkpointer.save(self.step)
-        self._writer.flush()
+        self._flush()
         self._log(f"trainer: saved {path}")
         if self._after_save is None:
             return 0.0

@@ -186,8 +186,13 @@ def create_mesh(
     mesh_axis_names: Sequence[str],
     layout_rules: str | Mapping[str, Any] | None = None,
     device_type: str | None = None,
+    across_processes: bool = False,
 ) -> DeviceMesh:
-    """The first prod(mesh_shape) logical devices (GPUs when present, else CPUs) as a named mesh."""
+    """The first prod(mesh_shape) logical devices (GPUs when present, else CPUs) as a named mesh.
+
+    ``across_processes``: the devices of every DTensor client (multi-client DTensor, set up by
+    ``dtensor.initialize_accelerator_system``), numbered client by client, the last mesh axis
+    varying fastest (so it stays within a process when each process holds a multiple of its size)."""
     shape, names = list(mesh_shape), list(mesh_axis_names)
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
         raise ConfigError(f"cluster.mesh_shape: expected a non-empty list of ints >= 1, got {mesh_shape!r}")
@@ -206,6 +211,15 @@ def create_mesh(
     needed = 1
     for s in shape:
         needed *= s
+    if across_processes:
+        clients, local = dtensor.num_clients(), dtensor.num_local_devices(device_type)
+        if needed != local * clients:
+            raise ConfigError(
+                f"cluster.mesh_shape {shape} needs {needed} {device_type} devices; {clients} processes "
+                f"with {local} each have {local * clients}"
+            )
+        mesh = dtensor.create_distributed_mesh(list(zip(names, shape)), device_type=device_type)
+        return DeviceMesh(mesh, parse_layout_rules(layout_rules))
     if needed > len(devices):
         raise ConfigError(
             f"cluster.mesh_shape {shape} needs {needed} {device_type} devices, found {len(devices)} "

@@ -1,0 +1,23 @@
+"""tools.benchmark capacity without running it (a run takes minutes): every row's experiment resolves
+with its bindings at every size of the ladder, and the mesh rows ask for one device per process."""
+
+import pytest
+
+from params import experiment
+from tools.benchmarks import capacity
+
+
+@pytest.mark.parametrize("row", capacity.ROWS, ids=[r.placement for r in capacity.ROWS])
+def test_every_row_resolves_at_every_size(row):
+    for layers, width in capacity.LADDER + capacity.QUICK_LADDER:
+        root = experiment.resolve(row.model, gin_bindings=capacity.bindings(row, layers, width))
+        assert root.task.train.max_steps == capacity.BASE["max_steps"]
+        assert str(width) in root.to_text() and str(4 * width) in root.to_text()
+        if row.mode == "mesh":
+            shape = list(root.cluster.mesh_shape)
+            assert shape == [1, row.processes] and root.cluster.num_logical_cpu_devices == row.processes
+
+
+def test_unknown_rows_are_refused(capsys):
+    assert capacity.main(["capacity", "--rows=one_process_plain,nope"]) == 2
+    assert "unknown figures ['nope']" in capsys.readouterr().err
