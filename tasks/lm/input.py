@@ -156,7 +156,12 @@ class CorpusLmInput(BaseInput):
         p.define("vocab", vocabulary.vocab_params(type="sentencepiece"), "A sentencepiece vocabulary.")
         p.define("seq_length", 128, "Positions per row (longer sentences are cut).")
         p.define("batching", "pack", "pack, bucket or pad (see the class doc).")
-        p.define("open_rows", 8, "pack: rows being filled at once (first fit).")
+        p.define(
+            "open_rows",
+            packing.WINDOW,
+            f"pack: rows being filled at once (first fit decreasing over windows of {packing.WINDOW} "
+            "sentences; the default keeps every row of a window open; 8 packs like a streaming packer).",
+        )
         p.define("bucket_boundaries", [16, 32, 64], "bucket: sequence lengths where buckets split.")
         p.define(
             "row_shuffle_buffer_size",
