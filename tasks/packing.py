@@ -32,8 +32,25 @@ def pack(
     cut = ds.map(lambda ex: {k: tf.cast(ex[k], tf.int32)[:length] for k in keys})
     lengths = cut.map(lambda ex: (ex, tf.shape(ex[keys[0]])[0]))
     padded = lengths.padded_batch(window, padded_shapes=({k: [length] for k in keys}, []))
+    return pack_windows(padded, keys, length, open_rows)
+
+
+def padded_window(
+    examples: dict[str, tf.RaggedTensor], keys: tuple[str, ...], length: int
+) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """A window of ragged examples ``{key: [w, None]}`` as ``pack_windows`` takes it: each key padded
+    to [w, length] (cut there), and the examples' lengths [w]."""
+    n = tf.cast(tf.minimum(examples[keys[0]].row_lengths(), length), tf.int32)
+    dense = {k: tf.cast(examples[k][:, :length].to_tensor(shape=[None, length]), tf.int32) for k in keys}
+    return dense, n
+
+
+def pack_windows(
+    windows: tf.data.Dataset, keys: tuple[str, ...], length: int, open_rows: int
+) -> tf.data.Dataset:
+    """Rows packed from windows ``({key: [w, length]}, lengths [w])``, each window on its own."""
     # unbatch, not flat_map: no dataset made per window.
-    return padded.map(lambda ex, n: _pack_window(ex, n, keys, length, open_rows)).unbatch()
+    return windows.map(lambda ex, n: _pack_window(ex, n, keys, length, open_rows)).unbatch()
 
 
 def _assign_rows(n: tf.Tensor, length: int, open_rows: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
