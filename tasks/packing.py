@@ -6,11 +6,15 @@ the row, 0 on padding), ``segment_pos`` (each example's positions from 0) and ``
 example is). Attention masked by segment ids (``layers.attention.segment_mask``) and positions taken
 from ``segment_pos`` make a packed row compute exactly what its examples would one by one.
 
-The packer is first-fit over ``open_rows`` rows being filled: an example goes into the first open row
-with room; when none has room, the fullest row is emitted and the example starts it afresh. At the end
-of the stream the open rows are emitted. Every stage is a native ``tf.data`` op (``scan``), so an
-iterator over packed rows is saved in a checkpoint like any other. Examples longer than ``length`` are
-cut to ``length``.
+The packer works on a window of ``window`` examples at a time (one ``tf.data`` element: the examples
+padded into one [window, length] batch), first-fit decreasing: the window's examples, longest first,
+each go into the first of the ``open_rows`` most recently opened rows with room (default: every row
+of the window), else start a new row. Only the examples' lengths walk a loop (a ``tf.while_loop`` of
+scalar and [rows] vector ops); the tokens are then written into every row of the window by one
+scatter. A window's rows are all emitted
+(the last ones partly filled), so windows are independent: every stage is a native ``tf.data`` op
+(batch, map, unbatch) and an iterator over packed rows is saved in a checkpoint like any other, each
+example in exactly one row. Examples longer than ``length`` are cut to ``length``.
 """
 
 from __future__ import annotations
@@ -18,59 +22,90 @@ from __future__ import annotations
 import tensorflow as tf
 
 PACKED_KEYS = ("segment_ids", "segment_pos", "paddings")
+WINDOW = 1024  # examples packed per step: more packs tighter (fewer part-filled rows per example)
 
 
-def pack(ds: tf.data.Dataset, keys: tuple[str, ...], length: int, open_rows: int = 8) -> tf.data.Dataset:
-    """Rows of ``length`` positions packed first-fit from ``ds``'s examples (see the module doc)."""
-    flush = {key: tf.constant([-1], tf.int32) for key in keys}  # one marker element: emit every open row
-    marked = ds.map(lambda ex: ({k: tf.cast(ex[k], tf.int32)[:length] for k in keys}, False))
-    marked = marked.concatenate(tf.data.Dataset.from_tensors((flush, True)))
-    planes = len(keys) + 2  # the keys, then segment_ids and segment_pos: one tensor, written at once
-    initial = {
-        "planes": tf.zeros([planes, open_rows, length], tf.int32),
-        "fill": tf.zeros([open_rows], tf.int32),
-        "count": tf.zeros([open_rows], tf.int32),
-    }
-    slot = tf.range(length)
-    row_ids = tf.range(open_rows)
+def pack(
+    ds: tf.data.Dataset, keys: tuple[str, ...], length: int, open_rows: int = WINDOW, window: int = WINDOW
+) -> tf.data.Dataset:
+    """Rows of ``length`` positions packed from ``ds``'s examples (see the module doc)."""
+    cut = ds.map(lambda ex: {k: tf.cast(ex[k], tf.int32)[:length] for k in keys})
+    lengths = cut.map(lambda ex: (ex, tf.shape(ex[keys[0]])[0]))
+    padded = lengths.padded_batch(window, padded_shapes=({k: [length] for k in keys}, []))
+    return pack_windows(padded, keys, length, open_rows)
 
-    def step(state, element):
-        example, is_flush = element
-        n = tf.shape(example[keys[0]])[0]
-        fill = state["fill"]
-        fits = fill + n <= length
-        any_fits = tf.reduce_any(fits)
-        row = tf.cast(tf.argmax(tf.where(any_fits, tf.cast(fits, tf.int32), fill)), tf.int32)
-        emit_one = tf.logical_and(tf.logical_not(is_flush), tf.logical_not(any_fits))
-        chosen = tf.equal(row_ids, row)
-        emit = tf.logical_and(fill > 0, tf.logical_or(is_flush, tf.logical_and(emit_one, chosen)))
-        emitted = tf.gather(state["planes"], tf.boolean_mask(row_ids, emit), axis=1)
-        # The example goes into ``row`` after position ``start`` (0 if the row was just emitted).
-        start = tf.where(emit_one, 0, tf.gather(fill, row))
-        count = tf.where(emit_one, 0, tf.gather(state["count"], row)) + 1
-        values = tf.stack([example[k] for k in keys] + [tf.fill([n], count), tf.range(n)])  # [planes, n]
-        src = tf.clip_by_value(slot - start, 0, tf.maximum(n - 1, 0))
-        new_part = tf.logical_and(slot >= start, slot < start + n)
-        old_row = tf.gather(state["planes"], row, axis=1)  # [planes, length]
-        new_row = tf.where(
-            slot < start, old_row, tf.where(new_part, tf.gather(values, src, axis=1), tf.zeros_like(old_row))
+
+def padded_window(
+    examples: dict[str, tf.RaggedTensor], keys: tuple[str, ...], length: int
+) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """A window of ragged examples ``{key: [w, None]}`` as ``pack_windows`` takes it: each key padded
+    to [w, length] (cut there), and the examples' lengths [w]."""
+    n = tf.cast(tf.minimum(examples[keys[0]].row_lengths(), length), tf.int32)
+    dense = {k: tf.cast(examples[k][:, :length].to_tensor(shape=[None, length]), tf.int32) for k in keys}
+    return dense, n
+
+
+def pack_windows(
+    windows: tf.data.Dataset, keys: tuple[str, ...], length: int, open_rows: int
+) -> tf.data.Dataset:
+    """Rows packed from windows ``({key: [w, length]}, lengths [w])``, each window on its own."""
+    # unbatch, not flat_map: no dataset made per window.
+    return windows.map(lambda ex, n: _pack_window(ex, n, keys, length, open_rows)).unbatch()
+
+
+def _assign_rows(n: tf.Tensor, length: int, open_rows: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """First fit of lengths ``n`` [w] (in that order) into rows of ``length``, among the ``open_rows``
+    newest rows: each example's row, its start in the row and its segment number; and the rows used."""
+    w = tf.shape(n)[0]
+    rows = tf.range(w)
+
+    def body(i, fill, count, used, row, start, seg):
+        size = n[i]
+        fits = (fill + size <= length) & (rows < used) & (rows >= used - open_rows)
+        first = tf.cast(tf.argmax(tf.cast(fits, tf.int32)), tf.int32)
+        r = tf.where(tf.reduce_any(fits), first, used)
+        at = tf.gather(fill, r)
+        number = tf.gather(count, r) + 1
+        one = tf.one_hot(r, w, dtype=tf.int32)
+        return (
+            i + 1,
+            fill + one * size,
+            count + one,
+            tf.maximum(used, r + 1),
+            row.write(i, r),
+            start.write(i, at),
+            seg.write(i, number),
         )
-        update = tf.logical_and(tf.logical_not(is_flush), chosen)
-        new_state = {
-            "planes": tf.where(update[None, :, None], new_row[:, None, :], state["planes"]),
-            "fill": tf.where(update, start + n, fill),
-            "count": tf.where(update, count, state["count"]),
-        }
-        return new_state, emitted
 
-    def to_rows(emitted):  # [planes, m, length] -> {name: [m, length]}; m is 0, 1 or (flush) more
-        out = {k: emitted[i] for i, k in enumerate(keys)}
-        out["segment_ids"], out["segment_pos"] = emitted[len(keys)], emitted[len(keys) + 1]
-        out["paddings"] = tf.cast(tf.equal(out["segment_ids"], 0), tf.float32)
-        return out
+    arrays = [tf.TensorArray(tf.int32, size=w) for _ in range(3)]
+    zeros = tf.zeros([w], tf.int32)
+    _, _, _, used, row, start, seg = tf.while_loop(
+        lambda i, *_: i < w, body, (0, zeros, zeros, 0, *arrays), parallel_iterations=1
+    )
+    return row.stack(), start.stack(), seg.stack(), used
 
-    # unbatch, not flat_map: no dataset made per example (several times faster).
-    return marked.scan(initial, step).map(to_rows).unbatch()
+
+def _pack_window(
+    examples: dict[str, tf.Tensor], n: tf.Tensor, keys: tuple[str, ...], length: int, open_rows: int
+) -> dict[str, tf.Tensor]:
+    """One window ``{key: [w, length]}`` with lengths ``n`` [w] -> its packed rows ``{name: [r, length]}``."""
+    order = tf.argsort(n, direction="DESCENDING", stable=True)  # first fit decreasing
+    n = tf.gather(n, order)
+    values = tf.stack([tf.gather(examples[k], order) for k in keys])  # [keys, w, length]
+    row, start, seg, used = _assign_rows(n, length, open_rows)
+    pos = tf.range(length)[None, :]
+    real = pos < n[:, None]  # [w, length]: the examples' tokens
+    where = tf.where(real)  # [tokens, 2]: (example, position)
+    ex, at = tf.cast(where[:, 0], tf.int32), tf.cast(where[:, 1], tf.int32)
+    target = tf.stack([tf.gather(row, ex), tf.gather(start, ex) + at], axis=1)  # [tokens, 2]
+    planes = [tf.boolean_mask(values[i], real) for i in range(len(keys))]
+    planes += [tf.gather(seg, ex), at]  # segment ids, positions
+    shape = tf.stack([used, length])
+    out = [tf.ensure_shape(tf.scatter_nd(target, p, shape), [None, length]) for p in planes]
+    rows = dict(zip(keys, out))
+    rows["segment_ids"], rows["segment_pos"] = out[len(keys)], out[len(keys) + 1]
+    rows["paddings"] = tf.cast(tf.equal(rows["segment_ids"], 0), tf.float32)
+    return rows
 
 
 def bucket(

@@ -156,7 +156,12 @@ class CorpusLmInput(BaseInput):
         p.define("vocab", vocabulary.vocab_params(type="sentencepiece"), "A sentencepiece vocabulary.")
         p.define("seq_length", 128, "Positions per row (longer sentences are cut).")
         p.define("batching", "pack", "pack, bucket or pad (see the class doc).")
-        p.define("open_rows", 8, "pack: rows being filled at once (first fit).")
+        p.define(
+            "open_rows",
+            packing.WINDOW,
+            f"pack: rows being filled at once (first fit decreasing over windows of {packing.WINDOW} "
+            "sentences; the default keeps every row of a window open; 8 packs like a streaming packer).",
+        )
         p.define("bucket_boundaries", [16, 32, 64], "bucket: sequence lengths where buckets split.")
         p.define(
             "row_shuffle_buffer_size",
@@ -216,6 +221,11 @@ class CorpusLmInput(BaseInput):
 
     def sequences(self) -> tf.data.Dataset:
         """One ``{ids, labels}`` of variable length per sentence (after the line shuffle)."""
+        return self._token_batches(256).unbatch()
+
+    def _token_batches(self, size: int) -> tf.data.Dataset:
+        """Batches of ``size`` sentences (after the line shuffle) as ragged ``{ids, labels}``: ids =
+        BOS + pieces, labels = pieces + EOS, cut to ``seq_length``; every op on a whole batch."""
         import tensorflow_text as tf_text
 
         from tasks.lm.sentencepiece_vocab import read_model
@@ -227,26 +237,31 @@ class CorpusLmInput(BaseInput):
         lines = self.lines()
         if p.shuffle_seed is not None:
             lines = lines.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
+        cut = p.seq_length - 1
+
+        def encode(batch: tf.Tensor) -> dict[str, tf.RaggedTensor]:
+            pieces = tokenizer.tokenize(batch)[:, :cut]
+            ends = tf.ones_like(pieces[:, :1])  # one position per sentence
+            return {
+                "ids": tf.concat([ends * BOS_ID, pieces], axis=1),
+                "labels": tf.concat([pieces, ends * EOS_ID], axis=1),
+            }
+
         # Sequential: the tokenizer holds a resource, and with op determinism on (cluster.configure)
         # tf.data would rewrite a parallel map of it into this anyway (warning about it on stderr).
-        pieces = lines.batch(256).map(tokenizer.tokenize).unbatch()
-        cut = p.seq_length - 1
-        return pieces.map(
-            lambda t: {
-                "ids": tf.concat([[BOS_ID], t[:cut]], 0),
-                "labels": tf.concat([t[:cut], [EOS_ID]], 0),
-            }
-        )
+        return lines.batch(size).map(encode)
 
     def examples(self) -> tf.data.Dataset:
         p = self.params
-        seqs = self.sequences()
-        if p.batching == "pack":
-            ds = packing.pack(seqs, ("ids", "labels"), p.seq_length, p.open_rows)
+        if p.batching == "pack":  # whole windows of sentences: no per-sentence tf.data step after the lines
+            windows = self._token_batches(packing.WINDOW).map(
+                lambda ex: packing.padded_window(ex, ("ids", "labels"), p.seq_length)
+            )
+            ds = packing.pack_windows(windows, ("ids", "labels"), p.seq_length, p.open_rows)
         elif p.batching == "bucket":
-            ds = seqs.map(lambda ex: {**ex, "paddings": tf.zeros_like(ex["ids"], tf.float32)})
+            ds = self.sequences().map(lambda ex: {**ex, "paddings": tf.zeros_like(ex["ids"], tf.float32)})
         else:
-            ds = seqs.map(lambda ex: _pad_to(ex, p.seq_length))
+            ds = self.sequences().map(lambda ex: _pad_to(ex, p.seq_length))
         # The same graph in every process, op determinism on (the trainer) or off (a tool reading a
         # checkpoint's iterator): tf.data would otherwise parallelize these maps only in the latter,
         # and a saved iterator restores only into the graph that saved it.

@@ -89,7 +89,8 @@ def _model(spec: dict) -> Any:
     p = gpipe.GPipeLayer.Params().set(
         name="net", layers=layers, num_stages=spec["stages"], num_micro_batches=spec["micro_batches"]
     )
-    return p.set(remat=spec["remat"], schedule=spec.get("schedule", "fill_drain")).instantiate()
+    schedule, virtual = spec.get("schedule", "fill_drain"), spec.get("virtual_stages", 1)
+    return p.set(remat=spec["remat"], schedule=schedule, virtual_stages=virtual).instantiate()
 
 
 def _dense_step(spec: dict) -> tuple[Any, Any]:

@@ -115,10 +115,14 @@ class Worker:
         tail = (self._log.read().strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"benchmark worker failed ({self._proc.returncode}) for {self._key}: {tail}")
 
-    def step(self) -> float:
-        self._proc.stdin.write("step\n")
+    def ask(self, line: str) -> dict:
+        """Sends ``line`` to the worker; returns its answer (the next JSON line)."""
+        self._proc.stdin.write(line + "\n")
         self._proc.stdin.flush()
-        return self.read()["step_s"]
+        return self.read()
+
+    def step(self) -> float:
+        return self.ask("step")["step_s"]
 
     def close(self) -> None:
         if self._proc.poll() is None:

@@ -11,15 +11,17 @@ from layers.base_layer import BaseLayer, FPropContext
 from layers.parallel.pipeline import gpipe
 from params.hyperparams import InstantiableParams
 
-BATCH, IN_DIM, OUT_DIM = 8, 6, 3
+# OUT_DIM 4: the mean squared error divides by BATCH * OUT_DIM = 32, a power of two. The in-step
+# schedules (1F1B, interleaved, zero bubble) seed each micro-batch's backward with ones and scale the
+# summed gradients by the loss's constant at the end; by 1/24 (OUT_DIM 3) that is one more rounding
+# than the reference's, which batch norm over micro-batches of 2 examples amplifies over 10 steps to
+# 2.2e-3 (K=2, M=4, remat always); by 1/32 the scaling is exact and they drift as fill-drain does.
+BATCH, IN_DIM, OUT_DIM = 8, 6, 4
 TOL = 1e-5
 # Batch norm over micro-batches of 2 examples divides by tiny variances, which amplifies float32
-# rounding (a different summation order) over 10 steps to a few 1e-5 (2.4e-4 on one weight at K=4, M=4,
-# remat always); the first steps agree to 1e-6.
-# The in-step schedules (1F1B, interleaved, zero bubble) scale the summed gradients by the loss constant
-# once at the end, one more rounding: their first-step gradients agree to 1e-6, but the same
-# amplification takes the losses to 5.2e-4 and one weight to 2.2e-3 after 10 steps (K=2, M=4, remat always).
-BN_TOL = 5e-3
+# rounding (a different summation order) over 10 steps to a few 1e-5 (1.6e-4 at K=2, M=4, remat
+# always; 2.4e-4 on one weight at K=4, M=4); the first steps agree to 1e-6.
+BN_TOL = 5e-4
 
 
 def mlp(dropout: bool = True, depth: int = 4, batch_norm: bool = False) -> list[InstantiableParams]:

@@ -1,0 +1,319 @@
+"""Every pipeline schedule, measured and predicted: ``python -m tools.benchmark schedules [--quick]``.
+
+One model for all: the gpipe benchmark's stack of dense layers (``--depth`` layers of ``--width``,
+relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 devices (one core each: 1
+intra-op thread, 2 inter-op threads, 2 logical CPU devices), M=8 micro-batches, remat never, the
+squared error computed per micro-batch in the last stage (a head, as the tasks do), trained by SGD.
+Per schedule (fill_drain, one_f_one_b, interleaved_1f1b with virtual_stages=2, zb_h1, zb_h2) one
+JSON line ``{"name": "schedule", "schedule": ..., "step_s": ..., "predicted_step_s": ...,
+"peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}`` (``value``: the step's
+relative prediction error; ``*_over_one_f_one_b``: the ratios the targets are about).
+
+Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
+five pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator). The timed
+steps run in alternating rounds (one step of every side per round), so all see the same load; a
+side's best step counts (load only ever adds time).
+
+- ``step_s``: the compiled training step (forward, backward, update) of the schedule.
+- ``predicted_step_s``: ``layers.pipeline_simulator.simulate`` of the same schedule, fed with unit
+  costs measured in the same run on this machine. A unit's work is one stage (a chunk of depth / K
+  layers; depth / (K v) for the interleaved schedule) on one micro-batch (batch / M rows), timed
+  alone on one core (1 intra-op, 1 inter-op thread) as three compiled steps: the forward (F), the
+  forward and the gradient for the chunk's input only (F + I), and the forward and every gradient
+  (F + B). So F, I = (F + I) - F, B = (F + B) - F, W = B - I, the same for every stage (the head's
+  square is noise next to the matrix products). ``alone_speedup`` (a lone stage in the fill or
+  drain uses the idle core too) is the widest chunk's F + B step on one core over the same step on
+  the pipeline's two cores and threads. Hand-offs cost nothing (logical devices share memory).
+- ``peak_activation_bytes``: the step's peak over what the process holds between steps, both from
+  ``tf.config.experimental.get_memory_info("CPU:0")`` under ``TF_CPU_ALLOCATOR_USE_BFC=true``: the
+  allocator's peak during one step (stats reset before it) minus its ``current`` bytes just before
+  (weights, inputs, targets). TensorFlow's logical CPU devices share one allocator and report the
+  same numbers for every device, so this is the whole process, both devices together; it includes
+  the weight-gradient sums (the weights' size once the first backward of a stage has run) and the
+  ops' temporaries, not only the activations.
+- ``predicted_peak_activation_bytes``: the simulated step (above), every (stage, micro-batch)
+  weighing what its forward keeps for the backward (``held_bytes``: the stage's input and each
+  layer's output), held from its forward's start to the end of its last backward unit (B or W); the
+  most held at one instant, summed over both devices. ``predicted_peak_per_device_bytes``: each
+  device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
+  device, 1F1B K - d on device d, so their peaks per device are equal and their sums are not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+from tools.benchmarks import gpipe, harness
+
+NUM_DEVICES, NUM_MICRO_BATCHES = 2, 8
+# (schedule, virtual_stages): the issue's five.
+SCHEDULES = (
+    ("fill_drain", 1),
+    ("one_f_one_b", 1),
+    ("interleaved_1f1b", 2),
+    ("zb_h1", 1),
+    ("zb_h2", 1),
+)
+COST_STEPS = ("forward", "input", "gradients")
+TARGET_ERROR = 0.15
+
+
+# ------------------------------------------------------------------------------------------ worker
+def _chunk(spec: dict) -> tuple[Any, Any, Any]:
+    """One stage's layers (``spec["depth"]`` of them) at the micro-batch size: model, input, target."""
+    import tensorflow as tf
+
+    from layers import core
+
+    layers = [gpipe._dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(spec["depth"])]
+    model = core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
+    shape = [spec["batch"], spec["width"]]
+    return model, tf.random.stateless_normal(shape, [1, 2]), tf.random.stateless_normal(shape, [3, 4])
+
+
+def _cost_step(spec: dict) -> Any:
+    """A unit's cost: the chunk's forward, forward + input gradient, or forward + every gradient."""
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
+
+    model, x, target = _chunk(spec)
+    sources = {"forward": [], "input": [x], "gradients": [x, *model.trainable_variables]}[spec["step"]]
+
+    @tf.function
+    def step() -> tf.Tensor:
+        ctx = FPropContext(training=True)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.square(model(ctx, x) - target))
+        if not sources:
+            return loss
+        grads = tape.gradient(loss, sources)
+        return tf.add_n([tf.reduce_sum(g[:1]) for g in grads])  # every gradient, fetched cheaply
+
+    return step
+
+
+def _steps(spec: dict) -> dict[str, Any]:
+    """The worker's compiled steps by name: each schedule's training step (``pipelines``, ``memory``)
+    or each unit cost step (``costs``; ``alone`` too in ``pipelines``)."""
+    harness.configure(spec)
+    if spec["side"] == "costs":
+        return {name: _cost_step({**spec, **unit}) for name, unit in spec["units"].items()}
+    steps = {
+        name: gpipe._dense_step({**spec, "model": "gpipe_head", "schedule": name, "virtual_stages": v})[0]
+        for name, v in spec["schedules"]
+    }
+    if "alone" in spec:
+        steps["alone"] = _cost_step({**spec, **spec["alone"]})
+    return steps
+
+
+def run_worker(spec: dict) -> int:
+    """Builds every step (compiling each, then ``warmup`` more calls); a memory worker prints each
+    schedule's peak and resident bytes, a timing worker answers each
+    ``step NAME`` line on stdin with ``{"step_s": seconds}`` until stdin closes."""
+    import tensorflow as tf
+
+    steps = _steps(spec)
+    for step in steps.values():
+        for _ in range(1 + spec["warmup"]):
+            step().numpy()
+    if spec["measure"] == "memory":
+        out: dict[str, Any] = {}
+        for name, step in steps.items():
+            resident = tf.config.experimental.get_memory_info("CPU:0")["current"]
+            out[name] = {"peak_bytes": harness.allocator_peak(step), "resident_bytes": int(resident)}
+        print(json.dumps(out), flush=True)
+        return 0
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        word, _, name = line.strip().partition(" ")
+        if word != "step" or name not in steps:
+            break
+        print(json.dumps({"step_s": harness.timed(steps[name])}), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ driver
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.benchmark schedules", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--width", type=int, default=512, help="Width of each dense layer.")
+    parser.add_argument("--depth", type=int, default=8, help="Number of dense layers (a multiple of 4).")
+    parser.add_argument("--batch", type=int, default=4096, help="Global batch (M=8 micro-batches of it).")
+    parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
+    harness.add_run_flags(parser, steps=5, warmup=1)
+    parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.width, args.depth, args.batch, args.steps, args.warmup = 16, 4, 32, 1, 0
+    if args.depth % (2 * NUM_DEVICES):
+        parser.error(f"--depth must be a multiple of {2 * NUM_DEVICES} (K=2 devices x virtual_stages=2)")
+    return args
+
+
+def _total_held_peak(events: Any, weight: list[float]) -> float:
+    """The most bytes held at one instant, summed over the devices (they share one allocator)."""
+    from layers import pipeline_schedule as schedules
+
+    changes = []
+    for row in schedules.held_over_time(events, weight):
+        previous = 0.0
+        for t, level in row:
+            changes.append((t, level - previous))
+            previous = level
+    total, peak = 0.0, 0.0
+    for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # a release before an acquire
+        total += delta
+        peak = max(peak, total)
+    return peak
+
+
+def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side: the schedules' steps and peaks, the units' costs and held bytes. Three workers:
+    the pipelines (2 cores), the unit costs (1 core), the peaks (the BFC allocator)."""
+    k, m = NUM_DEVICES, NUM_MICRO_BATCHES
+    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
+    chunks = sorted({args.depth // (k * v) for _, v in SCHEDULES})
+    unit_batch = args.batch // m
+    units = {
+        f"cost_{depth}_{step}": {"depth": depth, "batch": unit_batch, "step": step}
+        for depth in chunks
+        for step in COST_STEPS
+    }
+    pipelines = {
+        **model, "side": "pipelines", "depth": args.depth, "batch": args.batch, "stages": k,
+        "micro_batches": m, "remat": "never", "schedules": SCHEDULES, "cpus": cpus[:2],
+        "intra_op_threads": 1, "inter_op_threads": 2, "logical_devices": k, "measure": "time",
+        "alone": units[f"cost_{chunks[-1]}_gradients"],
+    }  # fmt: skip
+    costs = {
+        **model, "side": "costs", "units": units, "cpus": cpus[:1], "intra_op_threads": 1,
+        "inter_op_threads": 1, "measure": "time",
+    }  # fmt: skip
+    memory = {
+        **pipelines, "measure": "memory", "warmup": max(1, args.warmup), "batch": args.batch,
+    }  # fmt: skip
+    memory.pop("alone")
+    if args.verbose:
+        print(f"schedules benchmark: {json.dumps([pipelines, costs], sort_keys=True)}", file=sys.stderr)
+    workers = {
+        "pipelines": harness.Worker("schedules", pipelines),
+        "costs": harness.Worker("schedules", costs),
+    }
+    times: dict[str, list[float]] = {}
+    try:
+        for worker in workers.values():
+            worker.read()  # ready
+        names = [(workers["pipelines"], name) for name, _ in SCHEDULES] + [(workers["pipelines"], "alone")]
+        names += [(workers["costs"], name) for name in units]
+        for _ in range(args.steps):  # alternating rounds: every side sees the same load
+            for worker, name in names:
+                times.setdefault(name, []).append(worker.ask(f"step {name}")["step_s"])
+    finally:
+        for worker in workers.values():
+            worker.close()
+    best = {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
+    peaks = harness.run_once("schedules", memory, args.verbose)
+    return {"times": best, "peaks": peaks, "chunks": chunks}
+
+
+def held_bytes(depth: int, rows: int, width: int) -> int:
+    """What one (stage, micro-batch) of ``depth`` dense layers keeps for its backward: the stage's
+    input and each layer's output (float32), which the weight gradient of the next layer and the relu's
+    gradient read; a projection's pre-activation is not kept."""
+    return (depth + 1) * rows * width * 4
+
+
+def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """One figure per schedule (the fields of its JSON line, without the load average)."""
+    from layers import pipeline_simulator as simulator
+
+    k, m = NUM_DEVICES, NUM_MICRO_BATCHES
+    times, peaks = measured["times"], measured["peaks"]
+    widest = measured["chunks"][-1]
+    alone = max(1.0, times[f"cost_{widest}_gradients"]["best"] / times["alone"]["best"])
+    out = []
+    for name, v in SCHEDULES:
+        depth = args.depth // (k * v)
+
+        def best(step: str, depth: int = depth) -> float:
+            return times[f"cost_{depth}_{step}"]["best"]
+
+        forward = best("forward")
+        backward = max(0.0, best("gradients") - forward)
+        backward_input = min(backward, max(0.0, best("input") - forward))
+        stages = k * v
+        costs = simulator.StageCosts.given(
+            [forward] * stages,
+            [backward] * stages,
+            alone_speedup=alone,
+            backward_input=[backward_input] * stages,
+            backward_weight=[backward - backward_input] * stages,
+        )
+        prediction = simulator.simulate(name, m, "never", costs, virtual_stages=v)
+        step = times[name]["best"]
+        peak = peaks[name]["peak_bytes"] - peaks[name]["resident_bytes"]
+        held = held_bytes(depth, args.batch // m, args.width)
+        predicted_peak = _total_held_peak(prediction.events, [float(held)] * stages)
+        per_device = simulator.schedules.peak_held(prediction.events, [float(held)] * stages)
+        out.append(
+            {
+                "name": "schedule",
+                "value": simulator.relative_error(prediction.step_time, step),
+                "schedule": name,
+                "virtual_stages": v,
+                "step_s": round(step, 6),
+                "predicted_step_s": round(prediction.step_time, 6),
+                "peak_activation_bytes": int(peak),
+                "predicted_peak_activation_bytes": int(predicted_peak),
+                "median_step_s": round(times[name]["median"], 6),
+                "predicted_bubble": round(prediction.bubble, 4),
+                "unit_costs_s": {
+                    "forward": round(forward, 6),
+                    "backward": round(backward, 6),
+                    "backward_input": round(backward_input, 6),
+                    "backward_weight": round(backward - backward_input, 6),
+                },
+                "alone_speedup": round(alone, 4),
+                "held_bytes_per_micro_batch": held,
+                "predicted_peak_per_device_bytes": [int(b) for b in per_device],
+                "allocator_peak_bytes": int(peaks[name]["peak_bytes"]),
+                "resident_bytes": int(peaks[name]["resident_bytes"]),
+                "target_error": TARGET_ERROR,
+                "stages": k,
+                "micro_batches": m,
+                "remat": "never",
+                "width": args.width,
+                "depth": args.depth,
+                "global_batch": args.batch,
+            }
+        )
+    reference = next(f for f in out if f["schedule"] == "one_f_one_b")
+    for f in out:
+        f["step_over_one_f_one_b"] = round(f["step_s"] / reference["step_s"], 4)
+        f["peak_over_one_f_one_b"] = round(
+            f["peak_activation_bytes"] / max(1, reference["peak_activation_bytes"]), 4
+        )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv[1:])
+    if args.worker is not None:
+        return run_worker(json.loads(args.worker))
+    cpus = harness.usable_cpus("schedules")
+    for figure in figures(args, measure(args, cpus)):
+        name, value = figure.pop("name"), figure.pop("value")
+        harness.emit(name, value, **figure)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
