@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from layers import pipeline_schedule as schedules
+from layers.parallel.pipeline import schedule as schedules
 from tools import benchmark
 from tools.benchmarks import schedules as schedules_benchmark
 

@@ -15,7 +15,7 @@ steps run in alternating rounds (one step of every side per round), so all see t
 side's best step counts (load only ever adds time).
 
 - ``step_s``: the compiled training step (forward, backward, update) of the schedule.
-- ``predicted_step_s``: ``layers.pipeline_simulator.simulate`` of the same schedule, fed with unit
+- ``predicted_step_s``: ``layers.parallel.pipeline.simulator.simulate`` of the same schedule, fed with unit
   costs measured in the same run on this machine. A unit's work is one stage (a chunk of depth / K
   layers; depth / (K v) for the interleaved schedule) on one micro-batch (batch / M rows), timed
   alone on one core (1 intra-op, 1 inter-op thread) as three compiled steps: the forward (F), the
@@ -160,7 +160,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _total_held_peak(events: Any, weight: list[float]) -> float:
     """The most bytes held at one instant, summed over the devices (they share one allocator)."""
-    from layers import pipeline_schedule as schedules
+    from layers.parallel.pipeline import schedule as schedules
 
     changes = []
     for row in schedules.held_over_time(events, weight):
@@ -233,7 +233,7 @@ def held_bytes(depth: int, rows: int, width: int) -> int:
 
 def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """One figure per schedule (the fields of its JSON line, without the load average)."""
-    from layers import pipeline_simulator as simulator
+    from layers.parallel.pipeline import simulator
 
     k, m = NUM_DEVICES, NUM_MICRO_BATCHES
     times, peaks = measured["times"], measured["peaks"]
