@@ -23,7 +23,7 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import InstantiableParams, Params  # noqa: E402
 from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
-MODES = ("train", "sync", "async", "inspect_params", "inspect_datasets", "profile_pipeline")
+MODES = ("train", "sync", "async", "stages", "inspect_params", "inspect_datasets", "profile_pipeline")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -51,7 +51,9 @@ flags.DEFINE_enum(
     MODES,
     "train: run the jobs named by --job (one trainer process). sync / async: this process is one "
     "task of a training cluster (--cluster_spec or TF_CONFIG): sync data parallel (all-reduce) or "
-    "async with parameter servers. inspect_params: print "
+    "async with parameter servers. stages: serve the GPipe stages (local-parallel blocks) of a trainer "
+    "whose cluster.stage_job names this process's job, as task --task_index of --cluster_spec, until "
+    "stopped (docs/parallelism/remote.md). inspect_params: print "
     "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
     "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
     "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
@@ -61,9 +63,10 @@ flags.DEFINE_string(
     None,
     "--mode=sync|async: the training cluster in Lingvo's syntax, jobs separated by '@', tasks by ',': "
     "sync: trainer=host:port,host:port; async: controller=host:port@trainer=host:port,...@ps=host:port. "
-    "Empty: read TF_CONFIG.",
+    "Empty: read TF_CONFIG. With cluster.stage_job (--mode=train and --mode=stages): the stage tasks, "
+    "e.g. worker=host:port,host:port[@controller=host:port: the trainer's address, across machines].",
 )
-flags.DEFINE_integer("task_index", 0, "--mode=sync|async: this process's index within its --job.")
+flags.DEFINE_integer("task_index", 0, "--mode=sync|async|stages: this process's index within its --job.")
 flags.DEFINE_integer(
     "cluster_wait_secs",
     600,
@@ -182,13 +185,17 @@ def main(argv: list[str]) -> int:
     root = resolve_params()
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
-    preflight.check(root, build=FLAGS.mode not in ("sync", "async"))  # what training would refuse
+    preflight.check(root, build=FLAGS.mode not in ("sync", "async", "stages"))  # what training would refuse
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
         return 0
     if FLAGS.mode == "inspect_datasets":
         sys.stdout.write(inspect_datasets(root))
         return 0
+    if FLAGS.mode == "stages":  # serves; it writes no logdir
+        from trainer import remote_stages
+
+        return remote_stages.serve(root, FLAGS.cluster_spec, FLAGS.task_index)
     if not FLAGS.logdir:
         typo = FLAGS["log_dir"].present  # absl's own flag (its log files), silently taken otherwise
         hint = "; --log_dir is absl's directory for its log files: did you mean --logdir?" if typo else ""
@@ -216,7 +223,14 @@ def main(argv: list[str]) -> int:
     if done:
         print(done)
         return 0
-    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
+    return launcher.run_jobs(
+        root,
+        FLAGS.logdir,
+        FLAGS.job,
+        allow_params_change=FLAGS.allow_params_change,
+        cluster_spec=FLAGS.cluster_spec,
+        cluster_wait_secs=FLAGS.cluster_wait_secs,
+    )
 
 
 def _checkpoint_note() -> str:
