@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from layers import pipeline_devices
-from params.errors import ConfigError
+from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from trainer import cluster_wait, distributed
 from trainer.placement import OnDevice
@@ -256,11 +256,15 @@ def stage_failure(stages: StageCluster, error: Exception) -> str:
 
 @contextlib.contextmanager
 def stage_failures(stages: StageCluster) -> Iterator[None]:
-    """TensorFlow's errors for a peer that went away, as one UserError line naming the task."""
-    from params.errors import UserError
+    """TensorFlow's errors for a peer that went away (and any error while a stage task does not
+    answer), as one UserError line naming the task."""
     from trainer.cluster_jobs import PEER_ERRORS
 
     try:
         yield
     except PEER_ERRORS as e:
+        raise UserError(stage_failure(stages, e)) from None
+    except UserError as e:  # e.g. a save that failed: a stage task that went away is the reason
+        if all(cluster_wait.answering(a) for a in stages.addresses):
+            raise
         raise UserError(stage_failure(stages, e)) from None
