@@ -112,6 +112,8 @@ def _run_jobs(
     logdir = opened.logdir
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
     log(f"trainer: watch it with: .venv/bin/tensorboard --logdir={logdir}")
+    # Connecting resets TensorFlow's context: before any job makes a resource (a summary writer).
+    placement = remote_stages.placement(stages, log) if stages else None
     checkpoint_jobs: list[CheckpointJob] = []
     try:
         for name in names:
@@ -119,7 +121,7 @@ def _run_jobs(
             if kind in JOB_KINDS:
                 checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log))
         if "trainer" in names:
-            _train(root, opened, checkpoint_jobs, log, stages)
+            _train(root, opened, checkpoint_jobs, log, placement)
         else:
             run_until_finished(checkpoint_jobs, log=log, wait=wait)
     finally:
@@ -133,16 +135,15 @@ def _train(
     opened: OpenLogdir,
     checkpoint_jobs: list[CheckpointJob],
     log: Callable[[str], None],
-    stages: remote_stages.StageCluster | None = None,
+    placement: remote_stages.RemoteStages | None = None,
 ) -> None:
     def after_save(step: int) -> None:
         del step
         for job in checkpoint_jobs:
             job.run_pending()
 
-    placement = remote_stages.placement(stages, log) if stages else None  # connects to the stages
     after = after_save if checkpoint_jobs else None
-    failures = remote_stages.stage_failures(stages) if stages else contextlib.nullcontext()
+    failures = remote_stages.stage_failures(placement.stages) if placement else contextlib.nullcontext()
     with failures, TrainLoop(root, opened, log=log, after_save=after, placement=placement) as loop:
         after_save(loop.step)  # catch up on what an interrupted run left unprocessed
         step = loop.run()

@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
 
 def _checkpoint_note() -> str:
     """How an interrupted run's line ends: its last checkpoint is intact, or none was saved yet."""
-    if not FLAGS.logdir or FLAGS.mode.startswith("inspect"):
+    if not FLAGS.logdir or FLAGS.mode.startswith("inspect") or FLAGS.mode == "stages":
         return "; nothing was written"
     from trainer import checkpointer, files
 

@@ -197,7 +197,9 @@ def network_bytes(step: TrainStep) -> dict[tuple[str, str], int]:
     seen: set[tuple[str, str]] = set()
     for op in graph.get_operations():
         to = process_of(op)
-        for t in op.inputs:
+        for i, t in enumerate(op.inputs):
+            if op.type == "IdentityN" and not op.outputs[i].consumers():
+                continue  # Grappler's pruner splits an IdentityN and drops its unused parts
             source = process_of(t.op)
             if source == to or t.dtype == tf.resource or (t.name, to) in seen:
                 continue
