@@ -14,9 +14,8 @@ the only thing that differs between modes:
                      (ParameterServerStrategy)      by a ClusterCoordinator
     MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   trainer/mesh_setup.py
                                                     each batch copied onto the mesh
-
-A placement for stages in other processes is one more subclass: it says where the variables are
-built, how gradients are reduced, how ``n`` steps are dispatched, and how a checkpoint is written.
+    RemoteStages     GPipe stage k (local block k)  OnDevice's loop; the stages'      trainer/remote_stages.py
+                     on task k of another process   units run in their processes
 """
 
 from __future__ import annotations
