@@ -75,7 +75,7 @@ def reference(num_stages: int, steps: int, directory: Path) -> str:
     return checkpointer.save(steps)
 
 
-def finish(procs: Procs, proc: subprocess.Popen, timeout: float = 240) -> str:
+def finish(procs: Procs, proc: subprocess.Popen, timeout: float = 420) -> str:
     code, text = procs.wait(proc, timeout)
     assert code == 0, text[-3000:]
     return text
@@ -102,7 +102,7 @@ def test_two_stage_processes_train_like_one_process_with_an_evaler(procs, stages
     losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", text)]
     assert len(losses) == 2 and losses[1] < losses[0], text
     assert (logdir / "train" / "ckpt-20.data-00001-of-00003").exists()  # a shard written by each task
-    code, eval_text = procs.wait(evaler, 240)
+    code, eval_text = procs.wait(evaler, 420)
     assert code == 0, eval_text[-3000:]
     scored = [
         int(s) for s in re.findall(r'"step": (\d+)', (logdir / "eval_dev" / "scores.jsonl").read_text())
@@ -130,7 +130,7 @@ def test_a_dead_stage_stops_the_trainer_in_one_line_and_a_restart_resumes_equal(
     override = "task.train.max_steps : 400; task.train.save_interval_steps : 50"
     trainer = stages.trainer("trainer_fault", logdir, 2, override)
     wait_until(
-        lambda: (logdir / "train" / "ckpt-50.index").exists(), 240, [trainer, *stages.tasks], "ckpt-50"
+        lambda: (logdir / "train" / "ckpt-50.index").exists(), 420, [trainer, *stages.tasks], "ckpt-50"
     )
     stages.tasks[1].kill()
     killed = time.monotonic()
