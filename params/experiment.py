@@ -47,6 +47,14 @@ def cluster_params() -> Params:
         "Mesh-TF's layout rules: logical dimension -> mesh axis, e.g. 'batch:data;hidden:model;heads:model;"
         "vocab:model' (names: batch, embed, hidden, heads, vocab).",
     )
+    p.define(
+        "stage_job",
+        "",
+        "The cluster job whose tasks hold the trainer's GPipe stages and local-parallel blocks ('': this "
+        "process's devices), e.g. 'worker': part k's variables and compute on /job:worker/task:k, a "
+        "process started with --mode=stages; the addresses come from --cluster_spec "
+        "(docs/parallelism/remote.md). Evalers and decoders still run in their own process.",
+    )
     return p
 
 

@@ -4,6 +4,12 @@
     python -m tools.local_cluster --workers=2 --ps=1 --model=image.digits.ConvNet --logdir=runs/async
     python -m tools.local_cluster --workers=2 --model=... --logdir=... -- --params_override='...'
     python -m tools.local_cluster --mesh --workers=2 --model=lm.synthetic.MeshTransformerLM --logdir=runs/m
+    python -m tools.local_cluster --stages=2 --model=image.digits.GPipeConvNet --logdir=runs/remote
+
+``--stages=K``: a cross-process pipeline (docs/parallelism/remote.md): K stage tasks
+(``--mode=stages``) and the trainer (``--mode=train``, every job of the run), all with
+``cluster.stage_job : 'worker'`` added to ``--params_override``; the stage tasks are stopped when
+the trainer is done.
 
 Picks free ports on 127.0.0.1, starts ``python -m trainer`` once per task with ``--mode=sync`` (no
 ps), ``--mode=async`` (``--ps`` > 0: a controller, the trainers and the parameter servers) or
@@ -89,6 +95,35 @@ def tasks(
         )
         for job, i in jobs
     ]
+
+
+STAGE_JOB_OVERRIDE = "cluster.stage_job : 'worker'"
+
+
+def stage_tasks(stages: int, trainer_flags: Sequence[str], python: str = sys.executable) -> list[Task]:
+    """The trainer and ``stages`` stage tasks of a cross-process pipeline, with their command lines."""
+    if stages < 1:
+        raise ValueError(f"--stages must be >= 1, got {stages}")
+    spec = "worker=" + ",".join(f"{HOST}:{p}" for p in free_ports(stages))
+    flags = with_override(trainer_flags, STAGE_JOB_OVERRIDE)
+    base = [python, "-m", "trainer", f"--cluster_spec={spec}"]
+    trainer = Task("trainer", 0, [*base, *flags])
+    servers = [
+        Task("stage", k, [*base, "--mode=stages", f"--task_index={k}", *flags], server=True)
+        for k in range(stages)
+    ]
+    return [trainer, *servers]
+
+
+def with_override(flags: Sequence[str], override: str) -> list[str]:
+    """``flags`` with ``override`` appended to their --params_override (one flag: absl keeps the last)."""
+    out, texts = [], []
+    for flag in flags:
+        if flag.startswith("--params_override="):
+            texts.append(flag.split("=", 1)[1])
+        else:
+            out.append(flag)
+    return [*out, "--params_override=" + "; ".join([*texts, override])]
 
 
 def _pump(task: Task, lock: threading.Lock) -> None:
@@ -184,6 +219,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="Spread the experiment's DTensor mesh (cluster.mesh_shape) over the --workers processes.",
     )
+    parser.add_argument(
+        "--stages",
+        type=int,
+        default=0,
+        help="> 0: a cross-process pipeline instead: this many stage tasks and one trainer (--workers, "
+        "--ps and --mesh are not used).",
+    )
     parser.add_argument("--model", required=True, help="Registry key of the experiment.")
     parser.add_argument("--logdir", required=True, help="The run's shared logdir.")
     parser.add_argument(
@@ -199,6 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mesh and args.ps:
         parser.error("--mesh and --ps: a mesh's processes are all trainers; leave --ps out")
     flags = [f"--model={args.model}", f"--logdir={args.logdir}", *rest]
+    if args.stages:
+        if args.stages < 0 or args.ps or args.mesh:
+            parser.error(
+                f"--stages must be >= 1 and without --ps or --mesh, got {args.stages}, --ps={args.ps}"
+                f"{' and --mesh' if args.mesh else ''}"
+            )
+        return run(stage_tasks(args.stages, flags), args.grace_seconds)
     return run(tasks(args.workers, args.ps, flags, mesh=args.mesh), args.grace_seconds)
 
 

@@ -17,6 +17,7 @@ for each data set other than ``train``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from absl import logging as absl_logging
@@ -26,6 +27,8 @@ from params.hyperparams import Params
 from trainer import checkpointer, cluster, files
 from trainer.checkpoint_job import CheckpointJob, run_until_finished
 from trainer.decoder_job import Decoder, implements_decode
+from trainer.distributed import peers as cluster_wait
+from trainer.distributed import remote_stages
 from trainer.evaler_job import Evaler
 from trainer.open_logdir import OpenLogdir, open_logdir
 from trainer.progress import print_line
@@ -72,11 +75,15 @@ def run_jobs(
     jobs: list[str],
     log: Callable[[str], None] = print_line,
     allow_params_change: bool = False,
+    cluster_spec: str | None = None,
+    cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
 ) -> int:
     """Runs the named jobs (empty: all, in this process) over ``logdir``; returns the exit status.
 
     The logdir is opened first (trainer/open_logdir.py: the params.txt guard, before anything is
-    written; the LOCK when this process trains)."""
+    written; the LOCK when this process trains). ``cluster_spec``: where the stage tasks of
+    ``cluster.stage_job`` are (trainer/distributed/remote_stages.py), waited for up to
+    ``cluster_wait_secs``."""
     cluster.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
     if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -90,16 +97,26 @@ def run_jobs(
             f"and {root.model} has no 'train' data set, so no trainer will write one"
         )
     trains = "trainer" in names
+    stages = None
+    if trains and root.cluster.stage_job:
+        stages = remote_stages.stage_cluster(root.cluster, cluster_spec, cluster_wait_secs)
     with open_logdir(root, logdir, trains=trains, allow_params_change=allow_params_change, log=log) as opened:
-        return _run_jobs(root, opened, names, log, wait=not no_trainer)
+        return _run_jobs(root, opened, names, log, wait=not no_trainer, stages=stages)
 
 
 def _run_jobs(
-    root: Params, opened: OpenLogdir, names: list[str], log: Callable[[str], None], wait: bool
+    root: Params,
+    opened: OpenLogdir,
+    names: list[str],
+    log: Callable[[str], None],
+    wait: bool,
+    stages: remote_stages.StageCluster | None = None,
 ) -> int:
     logdir = opened.logdir
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
     log(f"trainer: watch it with: .venv/bin/tensorboard --logdir={logdir}")
+    # Connecting resets TensorFlow's context: before any job makes a resource (a summary writer).
+    placement = remote_stages.placement(stages, log) if stages else None
     checkpoint_jobs: list[CheckpointJob] = []
     try:
         for name in names:
@@ -107,7 +124,7 @@ def _run_jobs(
             if kind in JOB_KINDS:
                 checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log))
         if "trainer" in names:
-            _train(root, opened, checkpoint_jobs, log)
+            _train(root, opened, checkpoint_jobs, log, placement)
         else:
             run_until_finished(checkpoint_jobs, log=log, wait=wait)
     finally:
@@ -117,14 +134,20 @@ def _run_jobs(
 
 
 def _train(
-    root: Params, opened: OpenLogdir, checkpoint_jobs: list[CheckpointJob], log: Callable[[str], None]
+    root: Params,
+    opened: OpenLogdir,
+    checkpoint_jobs: list[CheckpointJob],
+    log: Callable[[str], None],
+    placement: remote_stages.RemoteStages | None = None,
 ) -> None:
     def after_save(step: int) -> None:
         del step
         for job in checkpoint_jobs:
             job.run_pending()
 
-    with TrainLoop(root, opened, log=log, after_save=after_save if checkpoint_jobs else None) as loop:
+    after = after_save if checkpoint_jobs else None
+    failures = remote_stages.stage_failures(placement.stages) if placement else contextlib.nullcontext()
+    with failures, TrainLoop(root, opened, log=log, after_save=after, placement=placement) as loop:
         after_save(loop.step)  # catch up on what an interrupted run left unprocessed
         step = loop.run()
     after_save(step)

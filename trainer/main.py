@@ -23,7 +23,7 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import InstantiableParams, Params  # noqa: E402
 from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
-MODES = ("train", "sync", "async", "mesh", "inspect_params", "inspect_datasets", "profile_pipeline")
+MODES = ("train", "sync", "async", "mesh", "stages", "inspect_params", "inspect_datasets", "profile_pipeline")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -52,7 +52,10 @@ flags.DEFINE_enum(
     "train: run the jobs named by --job (one trainer process). sync / async: this process is one "
     "task of a training cluster (--cluster_spec or TF_CONFIG): sync data parallel (all-reduce) or "
     "async with parameter servers. mesh: this process is one of the processes a DTensor mesh "
-    "(cluster.mesh_shape) is spread over (--cluster_spec=trainer=host:port,host:port). inspect_params: print "
+    "(cluster.mesh_shape) is spread over (--cluster_spec=trainer=host:port,host:port). stages: "
+    "serve the GPipe stages (local-parallel blocks) of a trainer whose cluster.stage_job names this "
+    "process's job, as task --task_index of --cluster_spec, until stopped (docs/parallelism/remote.md). "
+    "inspect_params: print "
     "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
     "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
     "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
@@ -62,9 +65,10 @@ flags.DEFINE_string(
     None,
     "--mode=sync|async: the training cluster in Lingvo's syntax, jobs separated by '@', tasks by ',': "
     "sync: trainer=host:port,host:port; async: controller=host:port@trainer=host:port,...@ps=host:port. "
-    "Empty: read TF_CONFIG.",
+    "Empty: read TF_CONFIG. With cluster.stage_job (--mode=train and --mode=stages): the stage tasks, "
+    "e.g. worker=host:port,host:port[@controller=host:port: the trainer's address, across machines].",
 )
-flags.DEFINE_integer("task_index", 0, "--mode=sync|async|mesh: this process's index within its --job.")
+flags.DEFINE_integer("task_index", 0, "--mode=sync|async|mesh|stages: this process's index within its --job.")
 flags.DEFINE_integer(
     "cluster_wait_secs",
     600,
@@ -183,13 +187,18 @@ def main(argv: list[str]) -> int:
     root = resolve_params()
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
-    preflight.check(root, build=FLAGS.mode not in ("sync", "async", "mesh"))  # what training would refuse
+    # what training would refuse (cluster modes build the task inside their strategy or mesh)
+    preflight.check(root, build=FLAGS.mode not in ("sync", "async", "mesh", "stages"))
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
         return 0
     if FLAGS.mode == "inspect_datasets":
         sys.stdout.write(inspect_datasets(root))
         return 0
+    if FLAGS.mode == "stages":  # serves; it writes no logdir
+        from trainer.distributed import remote_stages
+
+        return remote_stages.serve(root, FLAGS.cluster_spec, FLAGS.task_index)
     if not FLAGS.logdir:
         typo = FLAGS["log_dir"].present  # absl's own flag (its log files), silently taken otherwise
         hint = "; --log_dir is absl's directory for its log files: did you mean --logdir?" if typo else ""
@@ -228,12 +237,19 @@ def main(argv: list[str]) -> int:
     if done:
         print(done)
         return 0
-    return launcher.run_jobs(root, FLAGS.logdir, FLAGS.job, allow_params_change=FLAGS.allow_params_change)
+    return launcher.run_jobs(
+        root,
+        FLAGS.logdir,
+        FLAGS.job,
+        allow_params_change=FLAGS.allow_params_change,
+        cluster_spec=FLAGS.cluster_spec,
+        cluster_wait_secs=FLAGS.cluster_wait_secs,
+    )
 
 
 def _checkpoint_note() -> str:
     """How an interrupted run's line ends: its last checkpoint is intact, or none was saved yet."""
-    if not FLAGS.logdir or FLAGS.mode.startswith("inspect"):
+    if not FLAGS.logdir or FLAGS.mode.startswith("inspect") or FLAGS.mode == "stages":
         return "; nothing was written"
     from trainer import checkpointer, files
 

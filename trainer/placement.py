@@ -17,9 +17,8 @@ the only thing that differs between modes:
     MeshAcrossProcesses (--mode=mesh, distributed/mesh_cluster.py): the mesh's devices in K processes
                      (multi-client DTensor); the same loop of compiled steps, a fixed number per
                      call; every process saves the slices its devices hold
-
-A placement for stages in other processes is one more subclass: it says where the variables are
-built, how gradients are reduced, how ``n`` steps are dispatched, and how a checkpoint is written.
+    RemoteStages     GPipe stage k (local block k)  OnDevice's loop; the stages'      distributed/
+                     on task k of another process   units run in their processes       remote_stages.py
 """
 
 from __future__ import annotations

@@ -147,6 +147,18 @@ class TrainStep:
         loss, grads, _, _ = self._forward_backward(batch)
         return loss, grads
 
+    def step_graph(self) -> tf.Graph:
+        """The graph of one training step on the next train batch (forward, backward, update),
+        traced and never run: for looking at what a step computes and where."""
+
+        def one_step() -> tf.Tensor:
+            loss, grads, ctx, _ = self._forward_backward()
+            self._apply(grads, ctx)
+            return loss
+
+        with tracing.user_errors():
+            return tf.function(one_step).get_concrete_function().graph
+
     def gradients_function(self):
         """A compiled forward and backward pass on the next train batch that updates nothing: returns
         (loss, gradients). For looking at a step (profiling), not for training."""

@@ -1,12 +1,33 @@
-"""Devices for the parts of a model cut across devices (GPipe's stages, local parallelism's blocks)."""
+"""Devices for the parts of a model cut across devices (GPipe's stages, local parallelism's blocks).
+
+A placement may name other devices for the parts than this process's own (``parts_on``: the tasks
+of a cluster, trainer/distributed/remote_stages.py); a layer's explicit ``params.devices`` still wins.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Iterator
 
 import tensorflow as tf
 
 from params.errors import ConfigError
+
+_PART_DEVICES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "tensorpipe_part_devices", default=None
+)
+
+
+@contextlib.contextmanager
+def parts_on(devices: list[str], where: str) -> Iterator[None]:
+    """Layers built inside put part k (stage or block) on ``devices[k]`` when their
+    ``params.devices`` is empty; ``where`` names the devices in errors (e.g. a cluster job)."""
+    token = _PART_DEVICES.set((where, *devices))
+    try:
+        yield
+    finally:
+        _PART_DEVICES.reset(token)
 
 
 def resolve(path: str, explicit: list[str], k: int, unit: str = "stage") -> list[str | None]:
@@ -19,6 +40,14 @@ def resolve(path: str, explicit: list[str], k: int, unit: str = "stage") -> list
                 f"per {unit}"
             )
         return list(explicit)
+    placed = _PART_DEVICES.get()
+    if placed is not None:
+        where, devices = placed[0], list(placed[1:])
+        if k > len(devices):
+            raise ConfigError(
+                f"{path}: {k} {unit}s need {k} tasks but {where} has {len(devices)}; give it {k} tasks"
+            )
+        return devices[:k]
     if k == 1:
         return [None]
     gpus = tf.config.list_logical_devices("GPU")

@@ -84,7 +84,9 @@ def serve(spec: dict, step: Callable[[], Any], memory: Callable[[], dict] | None
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        print(json.dumps({"step_s": timed(step)}), flush=True)
+        cpu = time.process_time()
+        step_s = timed(step)
+        print(json.dumps({"step_s": step_s, "cpu_s": time.process_time() - cpu}), flush=True)
     return 0
 
 
@@ -122,7 +124,15 @@ class Worker:
         return self.read()
 
     def step(self) -> float:
-        return self.ask("step")["step_s"]
+        return self.step_result()["step_s"]
+
+    def step_result(self) -> dict:
+        """One timed step: ``step_s`` and the worker's own CPU seconds in it, ``cpu_s``."""
+        return self.ask("step")
+
+    def peak_rss_bytes(self) -> int:
+        """The worker process's peak resident memory so far (Linux's VmHWM)."""
+        return peak_rss_bytes(self._proc.pid)
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -133,6 +143,14 @@ class Worker:
                 self._proc.kill()
                 self._proc.wait()
         self._log.close()
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Process ``pid``'s peak resident memory (VmHWM of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
 
 
 def _log(name: str, verbose: bool, spec: dict) -> None:

@@ -138,7 +138,10 @@ class PipelineExecutor:
 
             return flat, grad
 
-        flat_out = pipeline(*[t for m in micro for t in m], *[t for m in head_micro for t in m])
+        # On the last device: tf.custom_gradient wraps inputs and outputs in one IdentityN, which would
+        # otherwise sit on the caller's device (another process, for stages on other tasks).
+        with on(self.devices[-1]):
+            flat_out = pipeline(*[t for m in micro for t in m], *[t for m in head_micro for t in m])
         n_out = len(flat_out) // m_count
         outs = [list(flat_out[m * n_out : (m + 1) * n_out]) for m in range(m_count)]
         return outs, box["structure"]
