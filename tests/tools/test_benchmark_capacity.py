@@ -13,6 +13,8 @@ def test_every_row_resolves_at_every_size(row):
         root = experiment.resolve(row.model, gin_bindings=capacity.bindings(row, layers, width))
         assert root.task.train.max_steps == capacity.BASE["max_steps"]
         assert str(width) in root.to_text() and str(4 * width) in root.to_text()
+        if row.mode == "stages":  # a layer for each stage process, or the size is refused
+            assert layers >= row.processes and root.task.stack.pipeline.num_stages == row.processes
         if row.mode == "mesh":
             shape = list(root.cluster.mesh_shape)
             assert shape == [1, row.processes] and root.cluster.num_logical_cpu_devices == row.processes

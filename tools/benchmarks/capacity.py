@@ -11,13 +11,17 @@ where its placement says, trains ``--train_steps`` steps, and prints its peak an
 
     one_process_plain   lm.synthetic.TransformerLM in one process
     one_process_remat   lm.synthetic.GPipeTransformerLM, 1 stage, 4 micro-batches, remat always
+    gpipe_k2, gpipe_k4  lm.synthetic.GPipeTransformerLM, K stages in K stage processes
+                        (``cluster.stage_job : 'worker'``, the RemoteStages placement), 4 micro-batches,
+                        remat always; the trainer process (input, embedding, softmax) is a process of
+                        the row too, so K + 1 processes must each stay under the budget
     mesh_k2, mesh_k4    lm.synthetic.MeshTransformerLM on a [1, K] mesh over K processes (--mode=mesh's
                         placement): every split weight cut across the processes
 
-A placement across processes of another kind (GPipe stages in K processes) is one more ``Row`` in
-``ROWS`` whose worker builds its ``TrainStep`` in ``build_step``. Figures: ``capacity_params`` per row
-(with ``placement``), and ``capacity_ratio_gpipe_k4`` (its parameters over plain's) when such a row
-exists; then the table a person reads.
+A placement across processes of another kind is one more ``Row`` in ``ROWS`` whose worker builds its
+``TrainStep`` in ``build_step``. Figures: ``capacity_params`` per row (with ``placement``), and
+``capacity_ratio_gpipe_k4`` (gpipe_k4's parameters over one_process_plain's); then the table a person
+reads.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from collections.abc import Callable
 
 from tools.benchmarks import harness
 
-LADDER = [(2, 128), (4, 256), (8, 256), (8, 512), (16, 512), (16, 768), (24, 1024), (32, 1024), (48, 1024)]
-QUICK_LADDER = [(1, 32), (2, 64)]
+LADDER = [(4, 128), (4, 256), (8, 256), (8, 512), (16, 512), (16, 768), (24, 1024), (32, 1024), (48, 1024)]
+QUICK_LADDER = [(4, 32), (8, 64)]  # 4 layers and more: a layer for each stage of gpipe_k4
 BASE = {"num_heads": 4, "seq_length": 32, "batch_size": 8, "warmup_steps": 1, "max_steps": 10}
 
 
@@ -48,11 +52,15 @@ class Row:
     processes: int
     model: str
     knobs: Callable[[int, int], dict]
-    mode: str  # "one_process" or "mesh"
+    mode: str  # "one_process", "mesh" or "stages" (the trainer of K stage processes)
 
 
 def _mesh_knobs(k: int) -> Callable[[int, int], dict]:
     return lambda layers, width: {"data_parallel": 1, "model_parallel": k}
+
+
+def _gpipe_knobs(k: int) -> Callable[[int, int], dict]:
+    return lambda layers, width: {"num_stages": k, "num_micro_batches": 4, "remat": "'always'"}
 
 
 ROWS = [
@@ -64,6 +72,8 @@ ROWS = [
         lambda layers, width: {"num_stages": 1, "num_micro_batches": 4, "remat": "'always'"},
         "one_process",
     ),
+    Row("gpipe_k2", 2, "lm.synthetic.GPipeTransformerLM", _gpipe_knobs(2), "stages"),
+    Row("gpipe_k4", 4, "lm.synthetic.GPipeTransformerLM", _gpipe_knobs(4), "stages"),
     Row("mesh_k2", 2, "lm.synthetic.MeshTransformerLM", _mesh_knobs(2), "mesh"),
     Row("mesh_k4", 4, "lm.synthetic.MeshTransformerLM", _mesh_knobs(4), "mesh"),
 ]
@@ -84,8 +94,15 @@ def build_step(spec: dict):
     from trainer.distributed.mesh_placement import make_train_step
     from trainer.train_step import TrainStep
 
-    root = experiment.resolve(spec["model"], gin_bindings=spec["bindings"])
+    override = "cluster.stage_job : 'worker'" if spec["mode"] == "stages" else None
+    root = experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
     task_params = experiment.task_params_for(root, "train")
+    if spec["mode"] == "stages":
+        from trainer.distributed import remote_stages
+
+        stages = remote_stages.stage_cluster(root.cluster, spec["cluster_spec"])
+        cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
+        return TrainStep(task_params, root.input.train, remote_stages.placement(stages, log=lambda _: None))
     if spec["mode"] == "mesh":
         role = mesh_cluster.resolve_role(spec["cluster_spec"], spec["task_index"])
         per_process = mesh_cluster.devices_per_process(root.cluster, len(role.cluster["worker"]))
@@ -96,7 +113,22 @@ def build_step(spec: dict):
     return make_train_step(root.cluster, task_params, root.input.train)
 
 
+def run_stage(spec: dict) -> int:
+    """A stage task of a ``stages`` row: serves until the trial kills it."""
+    from params import experiment
+    from trainer.distributed import remote_stages
+
+    override = "cluster.stage_job : 'worker'"
+    root = experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
+    cluster = root.cluster.copy().set(intra_op_threads=1, inter_op_threads=2)
+    return remote_stages.serve(
+        root.copy().set(cluster=cluster), spec["cluster_spec"], spec["task_index"], log=lambda _: None
+    )
+
+
 def run_worker(spec: dict) -> int:
+    if spec.get("stage"):
+        return run_stage(spec)
     harness.configure({"intra_op_threads": 1, "inter_op_threads": 2})
     step = build_step(spec)
     params = sum(int(v.shape.num_elements()) for v in step.task.trainable_variables)
@@ -121,10 +153,15 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float) -
         spec_base["cluster_spec"] = local_cluster.cluster_spec(
             row.processes, 0, local_cluster.free_ports(row.processes)
         )
+    stage_specs = []
+    if row.mode == "stages":  # K stage tasks, then the trainer (the one that reports)
+        ports = local_cluster.free_ports(row.processes)
+        spec_base["cluster_spec"] = "worker=" + ",".join(f"127.0.0.1:{p}" for p in ports)
+        stage_specs = [dict(spec_base, stage=True, task_index=k) for k in range(row.processes)]
+    reporting = 1 if row.mode == "stages" else row.processes
     procs = []
     try:
-        for index in range(row.processes):
-            spec = dict(spec_base, task_index=index)
+        for spec in stage_specs + [dict(spec_base, task_index=i) for i in range(reporting)]:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.capacity", f"--worker={json.dumps(spec)}"],
@@ -136,13 +173,17 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float) -
             )
         deadline = time.monotonic() + timeout
         results = []
-        for proc in procs:
+        for proc in procs[len(stage_specs) :]:
             out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             lines = [line for line in out.splitlines() if line.startswith("{")]
             if proc.returncode != 0 or not lines:
                 tail = (err.strip().splitlines() or ["(no output)"])[-1][:200]
                 return {"ok": False, "why": f"process exited {proc.returncode}: {tail}"}
             results.append(json.loads(lines[-1]))
+        for proc in procs[: len(stage_specs)]:  # stage tasks serve until killed: their peak so far
+            if proc.poll() is not None:
+                return {"ok": False, "why": f"a stage task exited {proc.returncode}"}
+            results.append({"peak_rss_mib": harness.peak_rss_bytes(proc.pid) / 2**20, "finite": True})
     except subprocess.TimeoutExpired:
         return {"ok": False, "why": f"not done within {timeout:g} s"}
     finally:
@@ -150,8 +191,13 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float) -
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    peak = max(r["peak_rss_mib"] for r in results)
-    return {"ok": all(r["finite"] for r in results), "peak_rss_mib": peak, "params": results[0]["params"]}
+    peaks = [round(r["peak_rss_mib"], 1) for r in results]  # the reporting processes', then stages'
+    return {
+        "ok": all(r["finite"] for r in results),
+        "peak_rss_mib": max(peaks),
+        "peaks_mib": peaks,
+        "params": results[0]["params"],
+    }
 
 
 def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: float, verbose: bool) -> dict:
@@ -163,14 +209,21 @@ def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: 
             print(
                 f"capacity benchmark: {row.placement} {layers}x{width}: {result}", file=sys.stderr, flush=True
             )
-        if not result["ok"] or result["peak_rss_mib"] > budget_mib:
+        if not result["ok"]:
+            best["stopped_by"] = f"{layers}x{width}: {result.get('why', 'a loss that is not finite')}"
+            break
+        if result["peak_rss_mib"] > budget_mib:
+            best["stopped_by"] = f"{layers}x{width}: peak {result['peak_rss_mib']:.0f} MiB over the budget"
             break
         best = {
             "params": result["params"],
             "layers": layers,
             "width": width,
             "peak_rss_mib": result["peak_rss_mib"],
+            "peaks_mib": result["peaks_mib"],
         }
+    else:
+        best["stopped_by"] = "the ladder's largest size fits: extend LADDER"
     return best
 
 
