@@ -47,6 +47,16 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
     return directory
 
 
+@pytest.fixture(autouse=True)
+def fresh_gin_config():
+    """Gin bindings are process-wide (``experiment.resolve`` leaves them bound): one test's bindings
+    must not reach the next test run by the same worker."""
+    yield
+    import gin
+
+    gin.clear_config()
+
+
 @dataclass(frozen=True)
 class TrainedRun:
     logdir: Path
