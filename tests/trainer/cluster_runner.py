@@ -76,7 +76,8 @@ class Procs:
 
 
 def output(proc: subprocess.Popen) -> str:
-    proc.log_file.flush()
+    if not proc.log_file.closed:  # closed by Procs.close, as after a timeout: the file is complete
+        proc.log_file.flush()
     return Path(proc.log_path).read_text()
 
 
