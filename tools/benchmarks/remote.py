@@ -20,11 +20,12 @@ trainer's input pipeline); each SGD update runs on its variable's device.
   of that K=2 run: near 0 when the stages' forward and backward run in the stage processes.
 - remote_rss_ratio_k2, remote_rss_ratio_k4: the peak resident memory (VmHWM) of the largest process
   of the K-process pipeline (client or stage) over the peak of the same model trained in one process
-  on K logical devices; same global batch, M and remat (always). Memory model: 8 dense layers of
-  width 8192 (2 GiB of weights and 2 GiB of gradients per step), batch 64, M=4: TensorFlow's own
-  footprint (about 0.6 GiB resident per process here, measured with a tiny model) is then a
-  seventh of the one-process peak, so the model decides the ratio. An ideal K-stage split is about
-  (0.6 + 4/K) / (0.6 + 4) GiB: 0.56 for K=2, 0.35 for K=4.
+  on K logical devices; same global batch, M and remat (always). Memory model: 16 dense layers of
+  width 8192 (4 GiB of weights and 4 GiB of gradients per step; the one-process side peaks near
+  9.4 GiB), batch 64, M=4: TensorFlow's own footprint (about 0.6 GiB resident per process here,
+  measured with a tiny model) is then a sixteenth of the one-process peak, so the model decides the
+  ratio. An ideal K-stage split is about (0.6 + 8/K) / (0.6 + 8) GiB: 0.54 for K=2, 0.30 for K=4.
+  (At 8 layers, 2 GiB, TensorFlow's share made 0.35 the ideal at K=4 and 0.38 was measured.)
 
 The speed sides run together and step in alternating rounds (the best step counts); the memory sides
 run one after the other, a warm-up and ``--steps`` steps each.
@@ -255,7 +256,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4096, help="Global batch (speed figures).")
     parser.add_argument("--micro_batches", type=int, default=8, help="M (speed figures).")
     parser.add_argument("--memory_width", type=int, default=8192, help="Dense width (memory figures).")
-    parser.add_argument("--memory_depth", type=int, default=8, help="Dense layers (memory figures).")
+    parser.add_argument("--memory_depth", type=int, default=16, help="Dense layers (memory figures).")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch (memory figures).")
     parser.add_argument("--memory_micro_batches", type=int, default=4, help="M (memory figures).")
     harness.add_run_flags(parser, steps=4, warmup=1)
