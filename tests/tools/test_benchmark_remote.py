@@ -1,0 +1,39 @@
+"""tools.benchmark remote: a usage error is one line and exit 2; a quick speed run starts real stage
+processes and prints each speed figure as one JSON line (the values of tiny sizes say nothing)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.runner import REPO, _env
+from tools.benchmarks import remote
+
+
+def test_unknown_figures_are_refused(capsys):
+    assert remote.main(["remote", "--figures=speed,nope"]) == 2
+    assert "unknown figures ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quick_speed_run_prints_the_three_speed_figures():
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.benchmark", "remote", "--quick", "--figures=speed"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [line["name"] for line in lines] == [
+        "remote_speed_vs_local_k2",
+        "remote_speedup_k2",
+        "remote_client_cpu_share_k2",
+    ]
+    first = lines[0]  # its step seconds are printed to 4 decimals: ratios of them agree to 5%
+    assert first["value"] == pytest.approx(first["local_step_s"] / first["remote_step_s"], rel=0.05)
+    assert lines[1]["value"] == pytest.approx(first["plain_step_s"] / first["remote_step_s"], rel=0.05)
+    assert 0 <= lines[2]["value"] <= 1.5 and len(lines[2]["per_step"]) == 2
