@@ -86,6 +86,14 @@ def bindings(row: Row, layers: int, width: int) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ worker
+def resolve(spec: dict):
+    """The row's experiment at the trial's size; a ``stages`` row's parts on the stage job."""
+    from params import experiment
+
+    override = "cluster.stage_job : 'worker'" if spec["mode"] == "stages" else None
+    return experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
+
+
 def build_step(spec: dict):
     """The worker's ``TrainStep``, placed as its row says (TensorFlow set up first)."""
     from params import experiment
@@ -94,8 +102,7 @@ def build_step(spec: dict):
     from trainer.distributed.mesh_placement import make_train_step
     from trainer.train_step import TrainStep
 
-    override = "cluster.stage_job : 'worker'" if spec["mode"] == "stages" else None
-    root = experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
+    root = resolve(spec)
     task_params = experiment.task_params_for(root, "train")
     if spec["mode"] == "stages":
         from trainer.distributed import remote_stages
@@ -115,11 +122,9 @@ def build_step(spec: dict):
 
 def run_stage(spec: dict) -> int:
     """A stage task of a ``stages`` row: serves until the trial kills it."""
-    from params import experiment
     from trainer.distributed import remote_stages
 
-    override = "cluster.stage_job : 'worker'"
-    root = experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
+    root = resolve(spec)
     cluster = root.cluster.copy().set(intra_op_threads=1, inter_op_threads=2)
     return remote_stages.serve(
         root.copy().set(cluster=cluster), spec["cluster_spec"], spec["task_index"], log=lambda _: None
