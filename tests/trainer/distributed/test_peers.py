@@ -7,6 +7,7 @@ the test waits for TensorFlow's import once."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 
@@ -63,16 +64,27 @@ def _roles() -> list[roles.Role]:
 
 def test_two_waiting_peers_find_each_other():
     pair, lines, done = _roles(), [], []
+    servers: list[socket.socket] = []
 
     def wait(role: roles.Role) -> None:
         peers.wait_for_peers(role, 30, log=lines.append, report_secs=0.1)
         done.append(role.name)
+        # As TensorFlow's server does next in the binary: a task that went on answers at its port
+        # (without it, worker 0 may see worker 1 and close its listener before worker 1 looks).
+        server = socket.create_server(
+            ("", int(role.address(role.task_type, role.task_index).rpartition(":")[2]))
+        )
+        servers.append(server)
 
     first = threading.Thread(target=wait, args=(pair[0],))
     first.start()
     time.sleep(0.5)  # worker 0 waits alone, and says so
-    wait(pair[1])
-    first.join(10)
+    try:
+        wait(pair[1])
+        first.join(10)
+    finally:
+        for server in servers:
+            server.close()
     assert sorted(done) == ["worker:0", "worker:1"]
     assert lines[0].startswith(f"trainer: worker:0 waiting for worker:1 ({pair[0].cluster['worker'][1]}); ")
 
