@@ -16,10 +16,16 @@ changes one, so the fix is made here, not found as a traceback in a training run
   (``tf.train.get_checkpoint_state`` swallows the parse error).
 - ``tensorflow.tsl.profiler.protobuf.xplane_pb2.XSpace``: the profiler's trace files (``*.xplane.pb``),
   read for measured per-device timelines and memory; ``tf.profiler`` writes them but has no reader.
+- ``tensorflow.python.eager.context``'s ``context().function_call_options`` and ``FunctionCallOptions``:
+  the Grappler config of the functions called on this thread, so that a mesh step can be compiled
+  without Grappler's memory heuristics (``memory_heuristics_off``); ``tf.config.optimizer`` has no
+  switch for the memory optimizer.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 TRIED = ("2.21",)  # TensorFlow versions these names were tried with
@@ -47,6 +53,40 @@ def xspace_from_bytes(data: bytes) -> Any:
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     return xplane_pb2.XSpace.FromString(data)
+
+
+@contextlib.contextmanager
+def memory_heuristics_off() -> Iterator[None]:
+    """Functions first called on this thread inside the block are optimized without Grappler's
+    memory heuristics (``RewriterConfig.memory_optimization: MANUAL``); every other setting of the
+    current config is kept.
+
+    Why (TF 2.21, DTensor): the per-device functions of a DTensor step receive each DVariable's
+    per-device resource handle, and the runtime writes that handle's shape, which is the variable's
+    global shape (DTensor creates the handles with it), into the function's argument
+    (``_handle_shapes``) although the value it holds is the local slice (DTensor's own
+    ``_assigned_resource_local_shape``). Grappler's static shapes then have a sharded weight at its
+    global shape next to local activations, and the memory optimizer's swapping and scheduling
+    heuristics, which estimate memory with the op-level cost model, print ``op_level_cost_estimator
+    ... Incompatible Matrix dimensions`` (at ERROR level) for every matmul whose contracted dimension
+    is split. MANUAL keeps the rest of the memory optimizer (its rewrite of a CPU mesh step is
+    byte-identical); the heuristics only act when a device's estimated peak memory is near its
+    capacity, and on a mesh that estimate uses the wrong (global) weight shapes anyway.
+    """
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    saved = ctx.function_call_options
+    config = config_pb2.ConfigProto.FromString(saved.config_proto_serialized)
+    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.MANUAL
+    ctx.function_call_options = context.FunctionCallOptions(
+        executor_type=saved.executor_type, config_proto=config
+    )
+    try:
+        yield
+    finally:
+        ctx.function_call_options = saved
 
 
 def problems() -> list[str]:
@@ -80,6 +120,16 @@ def problems() -> list[str]:
             fail("xplane_pb2.XSpace", "an empty file has planes")
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         fail("xplane_pb2.XSpace", e)
+    try:
+        from tensorflow.python.eager import context
+
+        before = context.context().function_call_options
+        with memory_heuristics_off():
+            inside = context.context().function_call_options.config_proto_serialized
+        if context.context().function_call_options is not before or inside == before.config_proto_serialized:
+            fail("context().function_call_options", "setting it did not take effect")
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        fail("eager context.function_call_options / FunctionCallOptions", e)
     return out
 
 

@@ -37,3 +37,18 @@ def test_no_private_name_outside_the_compat_module():
         cwd=REPO, capture_output=True, text=True,
     ).stdout.splitlines()  # fmt: skip
     assert found and all(line.startswith("trainer/tf_compat.py:") for line in found), found
+
+
+def test_memory_heuristics_off_changes_only_the_memory_optimizer_inside_the_block():
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    before = ctx.function_call_options.config_proto_serialized
+    with tf_compat.memory_heuristics_off():
+        inside = config_pb2.ConfigProto.FromString(ctx.function_call_options.config_proto_serialized)
+    assert ctx.function_call_options.config_proto_serialized == before
+    want = config_pb2.ConfigProto.FromString(before)
+    assert want.graph_options.rewrite_options.memory_optimization != rewriter_config_pb2.RewriterConfig.MANUAL
+    want.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.MANUAL
+    assert inside == want

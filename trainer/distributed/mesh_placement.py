@@ -31,6 +31,7 @@ from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
+from trainer import tf_compat
 from trainer.checkpointer import Checkpointer
 from trainer.placement import OnDevice, StepOutputs
 from trainer.train_step import TrainStep
@@ -137,11 +138,14 @@ class MeshPlacement(OnDevice):
 
         def run(num_steps: int) -> StepOutputs:
             finite, outputs = tf.constant(True), step.zero_outputs
-            for _ in range(num_steps):
-                finite, outputs = compiled(self.to_mesh(next(step.iterator)))
-                finite = self.host(finite)
-                if not bool(finite.numpy()):
-                    break
+            # Without Grappler's memory heuristics: they misread a DTensor step's sharded weights
+            # and print an ERROR line per split matmul (tf_compat.memory_heuristics_off).
+            with tf_compat.memory_heuristics_off():
+                for _ in range(num_steps):
+                    finite, outputs = compiled(self.to_mesh(next(step.iterator)))
+                    finite = self.host(finite)
+                    if not bool(finite.numpy()):
+                        break
             return finite, tf.nest.map_structure(self.host, outputs)
 
         return run
