@@ -61,17 +61,17 @@ def memory_heuristics_off() -> Iterator[None]:
     memory heuristics (``RewriterConfig.memory_optimization: MANUAL``); every other setting of the
     current config is kept.
 
-    Why (TF 2.21, DTensor): the per-device functions of a DTensor step receive each DVariable's
-    per-device resource handle, and the runtime writes that handle's shape, which is the variable's
-    global shape (DTensor creates the handles with it), into the function's argument
-    (``_handle_shapes``) although the value it holds is the local slice (DTensor's own
-    ``_assigned_resource_local_shape``). Grappler's static shapes then have a sharded weight at its
-    global shape next to local activations, and the memory optimizer's swapping and scheduling
-    heuristics, which estimate memory with the op-level cost model, print ``op_level_cost_estimator
-    ... Incompatible Matrix dimensions`` (at ERROR level) for every matmul whose contracted dimension
-    is split. MANUAL keeps the rest of the memory optimizer (its rewrite of a CPU mesh step is
-    byte-identical); the heuristics only act when a device's estimated peak memory is near its
-    capacity, and on a mesh that estimate uses the wrong (global) weight shapes anyway.
+    Why (TF 2.21, DTensor): in the per-device function of a DTensor step, each DVariable argument
+    carries the variable's global shape (``_handle_shapes``, as its per-device handle was created)
+    while DTensor's SPMD expansion gave it the local slice's (``_assigned_resource_local_shape``).
+    Grappler's static shapes then have a sharded weight at its global shape next to local
+    activations, and the memory optimizer's swapping and scheduling heuristics, which estimate
+    memory with the op-level cost model, print ``op_level_cost_estimator ... Incompatible Matrix
+    dimensions`` (ERROR level) once per device for every matmul whose contracted dimension is split.
+    Our code cannot give the handles their local shapes. MANUAL keeps the rest of the memory
+    optimizer (measured: the 2 x 2 MeshTransformerLM step it rewrites is byte-identical to the
+    default's); the heuristics act only when a device's estimated peak memory nears its capacity
+    (swapping only on GPUs), and on a mesh that estimate uses the wrong, global weight shapes anyway.
     """
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
