@@ -152,7 +152,8 @@ def test_text_mt_export_translates_raw_strings_as_the_decoder_does(tmp_path):
     imported, nothing of the repo), as the decoder job's records show them."""
     override = (
         "task.train.max_steps : 8; task.train.save_interval_steps : 8; task.train.warmup_steps : 2; "
-        "input.dev.num_samples : 16; input.dev.batch_size : 16; task.decode.beam_size : 2"
+        "input.dev.num_samples : 16; input.dev.batch_size : 16; task.decode.beam_size : 2; "
+        "task.decode.max_length : 12"
     )
     tiny = ("model_dim=16", "num_heads=2", "hidden_dim=32", "num_layers=1", "batch_size=8")
     logdir, export_dir = _train_and_export(
