@@ -19,6 +19,8 @@ example in exactly one row. Examples longer than ``length`` are cut to ``length`
 
 from __future__ import annotations
 
+import collections
+
 import tensorflow as tf
 
 PACKED_KEYS = ("segment_ids", "segment_pos", "paddings")
@@ -125,3 +127,19 @@ def bucket(
 def efficiency(paddings: tf.Tensor) -> float:
     """Real tokens / slots of a batch (or many): the share of positions that are not padding."""
     return float(1.0 - tf.reduce_mean(tf.cast(paddings, tf.float32)))
+
+
+def histogram(values: list[int], bins: int = 8, width: int = 40) -> list[str]:
+    """Text bars of ``values`` in ``bins`` equal ranges (what ``--mode=inspect_datasets`` prints of
+    sequence lengths)."""
+    if not values:
+        return ["(none)"]
+    low, high = min(values), max(values)
+    step = max(1, -(-(high - low + 1) // bins))
+    counts = collections.Counter((v - low) // step for v in values)
+    top = max(counts.values())
+    out = []
+    for b in range(-(-(high - low + 1) // step)):
+        lo, n = low + b * step, counts.get(b, 0)
+        out.append(f"{lo:5d}-{lo + step - 1:<5d} {n:7d} {'#' * round(width * n / top)}")
+    return out

@@ -9,7 +9,6 @@ log-perplexity is from the best achievable one.
 
 from __future__ import annotations
 
-import collections
 import os
 
 import numpy as np
@@ -293,7 +292,7 @@ class CorpusLmInput(BaseInput):
         lines.append(
             f"token lengths of {len(lengths)} sentences (BOS or EOS included, cut at {p.seq_length}):"
         )
-        lines += ["  " + line for line in _histogram(lengths)]
+        lines += ["  " + line for line in packing.histogram(lengths)]
         return "\n".join(lines) + "\n"
 
     def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
@@ -303,21 +302,6 @@ class CorpusLmInput(BaseInput):
         ds = packing.bucket(ds, "ids", list(p.bucket_boundaries), batch_size, p.drop_remainder)
         # bucket_by_sequence_length pads paddings with 0.0: mark the padded positions as padding.
         return ds.map(lambda b: {**b, "paddings": tf.cast(tf.equal(b["ids"], PAD_ID), tf.float32)})
-
-
-def _histogram(values: list[int], bins: int = 8, width: int = 40) -> list[str]:
-    """Text bars of ``values`` in ``bins`` equal ranges."""
-    if not values:
-        return ["(none)"]
-    low, high = min(values), max(values)
-    step = max(1, -(-(high - low + 1) // bins))
-    counts = collections.Counter((v - low) // step for v in values)
-    top = max(counts.values())
-    out = []
-    for b in range(-(-(high - low + 1) // step)):
-        lo, n = low + b * step, counts.get(b, 0)
-        out.append(f"{lo:5d}-{lo + step - 1:<5d} {n:7d} {'#' * round(width * n / top)}")
-    return out
 
 
 def _pad_to(example: dict[str, tf.Tensor], length: int) -> dict[str, tf.Tensor]:

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import InstantiableParams, Params
+from tasks import packing
 from tasks.base_input import BaseInput
 from tasks.lm import vocabulary
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, Vocabulary
@@ -34,18 +35,29 @@ def _positive(p: Params, name: str) -> int:
     return value
 
 
-def pack_pairs(pairs: Pairs, src_length: int, tgt_length: int) -> dict[str, np.ndarray]:
-    """Greedy packing in order: an example goes into the current row if both its source (+EOS) and
-    target (+BOS/EOS) still fit, else it starts a new row."""
+def pack_pairs(
+    pairs: Pairs, src_length: int, tgt_length: int, open_rows: int = packing.WINDOW
+) -> dict[str, np.ndarray]:
+    """First fit decreasing: pairs, longest (source + target) first, each go into the first row where
+    both its source (+EOS) and its target (+BOS/EOS) still fit, else start a new row. Every pair is
+    in exactly one row; a longer one than a row holds is cut to the row. Only the ``open_rows`` newest
+    rows are tried (as ``tasks.packing`` does), so a large corpus packs in linear time."""
+    pairs = [(src[: src_length - 1], tgt[: tgt_length - 1]) for src, tgt in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
     rows: list[list[tuple[list[int], list[int]]]] = []
-    used = (src_length + 1, tgt_length + 1)  # forces a first row
-    for src, tgt in pairs:
+    used: list[tuple[int, int]] = []
+    for i in order:
+        src, tgt = pairs[i]
         need = (len(src) + 1, len(tgt) + 1)
-        if used[0] + need[0] > src_length or used[1] + need[1] > tgt_length:
+        for r in range(max(0, len(used) - open_rows), len(used)):
+            if used[r][0] + need[0] <= src_length and used[r][1] + need[1] <= tgt_length:
+                break
+        else:
+            r = len(rows)
             rows.append([])
-            used = (0, 0)
-        rows[-1].append((src, tgt))
-        used = (used[0] + need[0], used[1] + need[1])
+            used.append((0, 0))
+        rows[r].append((src, tgt))
+        used[r] = (used[r][0] + need[0], used[r][1] + need[1])
     n = len(rows)
     out = {
         name: np.zeros((n, length), np.int32)
@@ -136,6 +148,32 @@ class MtInput(BaseInput):
     def target_positions(self) -> int:
         """Target positions of an unbucketed batch (tokens + EOS)."""
         return self.max_target_length + 1
+
+    def inspect(self, num_examples: int = 3) -> str:
+        """A few decoded pairs, the packing efficiency (real tokens / slots, both sides together) of
+        ``pack_pairs`` beside one pair a row, and the source and target length histograms, in file
+        (or generation) order."""
+        pairs = self.pairs()
+        vocab = Vocabulary.from_params(self.params.vocab)
+        lines = [f"examples (first {num_examples}, decoded):"]
+        for src, tgt in pairs[:num_examples]:
+            lines.append(f"  {vocab.decode(src)!r} -> {vocab.decode(tgt)!r} ({len(src)} + {len(tgt)} tokens)")
+        widths = (self.source_positions, self.target_positions)
+        packed = pack_pairs(pairs, *widths)
+        rows = len(packed["src_ids"])
+        real = sum(len(s) + len(t) + 2 for s, t in pairs)  # EOS on the source, BOS or EOS on the target
+        lines.append(
+            f"packing efficiency (real tokens / slots): {real / (rows * sum(widths)):.3f} packed "
+            f"({rows} rows of {widths[0]} + {widths[1]}); {real / (len(pairs) * sum(widths)):.3f} one per row"
+            + ("" if self.params.packing else " (this input does not pack)")
+        )
+        for side, index in (("source", 0), ("target", 1)):
+            lengths = [len(pair[index]) + 1 for pair in pairs]
+            lines.append(
+                f"{side} token lengths of {len(pairs)} pairs (EOS included, cut at {widths[index]}):"
+            )
+            lines += ["  " + line for line in packing.histogram(lengths)]
+        return "\n".join(lines) + "\n"
 
     def examples(self) -> tf.data.Dataset:
         """Unpacked: one variable-length example per element. Packed: one fixed-length row each."""

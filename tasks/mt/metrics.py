@@ -10,11 +10,14 @@ from tasks.base_task import DecoderMetric
 class CorpusBleuMetric(DecoderMetric):
     """sacrebleu's corpus BLEU (0-100) over every (hypothesis, reference) pair added.
 
-    Both sides are strings of tokens separated by spaces and are scored as they are
-    (``tokenize='none'``), so BLEU counts n-grams of the model's own tokens.
+    With ``tokenize='none'`` both sides are strings of tokens separated by spaces, scored as they are,
+    so BLEU counts n-grams of the model's own tokens (built word or symbol vocabularies); with
+    ``'13a'`` they are detokenized text that sacrebleu tokenizes itself, the usual way to report
+    BLEU of a subword model.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tokenize: str = "none") -> None:
+        self._tokenize = tokenize
         self._hypotheses: list[str] = []
         self._references: list[str] = []
 
@@ -33,4 +36,6 @@ class CorpusBleuMetric(DecoderMetric):
     def value(self) -> float:
         if not self._hypotheses:
             return 0.0
-        return float(sacrebleu.corpus_bleu(self._hypotheses, [self._references], tokenize="none").score)
+        return float(
+            sacrebleu.corpus_bleu(self._hypotheses, [self._references], tokenize=self._tokenize).score
+        )

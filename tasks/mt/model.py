@@ -180,8 +180,15 @@ class TransformerMtTask(BaseTask):
             "hyp_scores": hyp_scores,
         }
 
+    def _subword(self) -> bool:
+        vocab = self.params.vocab
+        return "type" in vocab and vocab.type == "sentencepiece"
+
     def create_decoder_metrics(self) -> dict[str, DecoderMetric]:
-        return {"bleu": CorpusBleuMetric(), "exact_match": AverageMetric()}
+        """BLEU of the detokenized text for a SentencePiece vocabulary (sacrebleu's 13a tokenizer),
+        else of the vocabulary's tokens; exact match of the tokens."""
+        bleu = CorpusBleuMetric("13a" if self._subword() else "none")
+        return {"bleu": bleu, "exact_match": AverageMetric()}
 
     def post_process_decode_out(
         self, decode_out: dict[str, np.ndarray], metrics: dict[str, DecoderMetric]
@@ -191,13 +198,19 @@ class TransformerMtTask(BaseTask):
         records = []
         for src, ref, hyp in zip(decode_out["src_ids"], decode_out["tgt_labels"], decode_out["hyp_ids"]):
             ref_tokens, hyp_tokens = vocab.tokens(ref), vocab.tokens(hyp)
+            record = {
+                "source": vocab.decode(src),
+                "reference": vocab.decode(ref),
+                "hypothesis": vocab.decode(hyp),
+            }
             if "bleu" in metrics:
-                metrics["bleu"].add(" ".join(hyp_tokens), " ".join(ref_tokens))
+                if self._subword():
+                    metrics["bleu"].add(record["hypothesis"], record["reference"])
+                else:
+                    metrics["bleu"].add(" ".join(hyp_tokens), " ".join(ref_tokens))
             if "exact_match" in metrics:
                 metrics["exact_match"].update(float(hyp_tokens == ref_tokens))
-            records.append(
-                {"source": vocab.decode(src), "reference": vocab.decode(ref), "hypothesis": vocab.decode(hyp)}
-            )
+            records.append(record)
         return records
 
     def inference(self, input_generator: Any) -> dict[str, Any]:

@@ -29,12 +29,19 @@ def test_your_own_text_through_gin_knobs(tmp_path):
     train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
     train.write_text("a b c\tc b a\nb c\tc b\n" * 20)
     dev.write_text("a b\tb a\n")
-    root = experiment.resolve(
-        "mt.text.Transformer",
-        gin_bindings=[f"Transformer.train_file = '{train}'", f"Transformer.dev_file = '{dev}'"],
-    )
+    knobs = [f"Transformer.train_file = '{train}'", f"Transformer.dev_file = '{dev}'"]
+    # The default SentencePiece vocabulary stays the bundled model; the files move.
+    root = experiment.resolve("mt.text.Transformer", gin_bindings=knobs)
     files = {key: value for key, value in root if key.endswith("file")}
     assert files["input.train.file"] == str(train) and files["input.dev.file"] == str(dev)
+    assert files["task.vocab.file"].endswith("tasks/mt/data/stories.model")
+    gin.clear_config()
+    # level='word' builds the vocabulary from the training file: every vocab.file names it.
+    root = experiment.resolve(
+        "mt.text.Transformer",
+        gin_bindings=[*knobs, "Transformer.level = 'word'", "Transformer.vocab_size = 64"],
+    )
+    files = {key: value for key, value in root if key.endswith("file")}
     assert {files["task.vocab.file"], files["input.train.vocab.file"], files["input.dev.vocab.file"]} == {
         str(train)
     }

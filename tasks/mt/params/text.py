@@ -1,12 +1,16 @@
-"""Translation on your own parallel text: ``source<TAB>target`` lines (a tiny bundled file by default).
+"""Translation on your own parallel text: ``source<TAB>target`` lines (a bundled corpus by default).
 
     .venv/bin/python -m trainer --model=mt.text.Transformer --logdir=runs/text_mt \\
         --gin_param="Transformer.train_file='my_train.tsv'" \\
-        --gin_param="Transformer.dev_file='my_dev.tsv'"
+        --gin_param="Transformer.dev_file='my_dev.tsv'" \\
+        --gin_param="Transformer.vocab_file='vocab/my.model'"
 
-The default files, ``tasks/mt/data/numbers_{train,dev}.tsv``, pair the English names of the numbers
-0-999 with their digits (``six hundred twenty seven<TAB>6 2 7``; 900 for training, 100 held out), so
-the experiment runs from a clean clone.
+The defaults read ``tasks/mt/data/stories_{train,dev}.tsv`` (2000 and 100 pairs: sentences of the
+seeded grammar of ``tasks.lm.grammar`` and their translation into a made-up language with its own
+word order, written by ``python -m tasks.mt.corpus``) with the bundled SentencePiece model
+``tasks/mt/data/stories.model`` (500 BPE pieces shared by both sides, trained by the same command), so
+the experiment runs from a clean clone without downloads. ``level='word'`` or ``'char'`` keeps the small
+vocabularies built from ``train_file``.
 """
 
 from __future__ import annotations
@@ -22,17 +26,23 @@ from tasks.mt.input import TextMtInput
 from tasks.transformer_experiment import TransformerMtExperiment
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+SUBWORD = "sentencepiece"
 
 
 @registry.register
 class Transformer(TransformerMtExperiment):
-    """A small encoder-decoder Transformer on tab-separated source/target lines (default: a bundled file).
+    """A small encoder-decoder Transformer on tab-separated source/target lines (default: the bundled
+    corpus, SentencePiece pieces).
 
-    ``train_file`` is read for training and for the shared vocabulary (both sides' ``vocab_size - 4``
-    most frequent tokens, words or characters per ``level``); ``dev_file`` is evaluated and
-    beam-decoded (BLEU, exact match). Setting these knobs with gin changes every Params that names the
-    file (``input.train.file``, ``input.*.vocab.file``, ``task.vocab.file``); the same keys can be set
-    with ``--params_override`` one by one.
+    ``train_file`` is read for training, ``dev_file`` evaluated and beam-decoded (BLEU, exact match).
+    Both sides share the vocabulary ``vocab_file`` (a SentencePiece model, ``python -m tools.vocab``;
+    ``vocab_size`` 0 takes its piece count). ``level`` 'word' or 'char' builds a vocabulary of the
+    ``vocab_size - 4`` most frequent words or characters of ``train_file`` (both sides) instead.
+    Training rows are packed (``packing``: several pairs per row, segment ids keep them apart) to
+    ``max_length + 1`` positions a side; longer sources and targets are cut to ``max_length``. Setting
+    these knobs with gin changes every Params that names the file (``input.train.file``,
+    ``input.*.vocab.file``, ``task.vocab.file``); the same keys can be set with ``--params_override``
+    one by one.
     """
 
     SAVE_INTERVAL_STEPS = 200
@@ -41,27 +51,39 @@ class Transformer(TransformerMtExperiment):
 
     def __init__(
         self,
-        train_file: str = os.path.join(DATA, "numbers_train.tsv"),
-        dev_file: str = os.path.join(DATA, "numbers_dev.tsv"),
-        level: str = "word",
-        vocab_size: int = 64,
-        max_length: int = 8,
+        train_file: str = os.path.join(DATA, "stories_train.tsv"),
+        dev_file: str = os.path.join(DATA, "stories_dev.tsv"),
+        level: str = SUBWORD,
+        vocab_file: str = os.path.join(DATA, "stories.model"),
+        vocab_size: int = 0,
+        max_length: int = 48,
+        packing: bool = True,
         warmup_steps: int = 50,
         max_steps: int = 400,
         **kwargs,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, max_steps=max_steps, **kwargs)
+        levels = (SUBWORD, *LEVELS)
         if (
-            level not in LEVELS
-            or min(vocab_size - 4, max_length, self.model_dim, self.num_layers, self.batch_size) < 1
+            level not in levels
+            or (level != SUBWORD and vocab_size <= 4)
+            or min(max_length, self.model_dim, self.num_layers, self.batch_size) < 1
         ):
             raise ConfigError(
-                f"mt.text.Transformer: level must be one of {', '.join(LEVELS)}, vocab_size > 4 and "
-                "max_length, model_dim, num_layers, batch_size >= 1"
+                f"mt.text.Transformer: level must be one of {', '.join(levels)}, vocab_size > 4 for word "
+                "or char, and max_length, model_dim, num_layers, batch_size >= 1"
             )
         self.train_file, self.dev_file = train_file, dev_file
-        self.vocab = vocab_params(size=vocab_size, file=train_file, level=level)
+        if level == SUBWORD:
+            if not vocab_size:
+                from tasks.lm.sentencepiece_vocab import model_size
+
+                vocab_size = model_size(vocab_file)
+            self.vocab = vocab_params(size=vocab_size, file=vocab_file, type=SUBWORD)
+        else:
+            self.vocab = vocab_params(size=vocab_size, file=train_file, level=level)
         self.max_length = max_length
+        self.packing = packing
 
     def _input(self, split: str, path: str) -> Params:
         p = TextMtInput.Params().set(
@@ -70,6 +92,7 @@ class Transformer(TransformerMtExperiment):
             vocab=self.vocab.copy(),
             max_length=self.max_length,
             batch_size=self.batch_size,
+            packing=self.packing and split == "train",  # decoding needs one pair a row
         )
         return set_split_mode(p, split, shuffle_seed=701)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from params.errors import ConfigError, UserError
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, vocab_params
+from tasks.mt import corpus
 from tasks.mt.input import AlgorithmicMtInput, TextMtInput
 
 
@@ -91,7 +94,7 @@ def test_packing_keeps_examples_whole_and_apart():
             assert src[-1] == EOS_ID and labels[-1] == EOS_ID and tgt_ids[0] == BOS_ID
             unpacked.append((list(src[:-1]), list(labels[:-1])))
         np.testing.assert_array_equal(r["src_paddings"], r["src_segment_ids"] == 0)
-    assert unpacked == pairs
+    assert sorted(unpacked) == sorted(pairs)  # each pair once (rows hold them longest first)
 
 
 def test_text_pairs_from_tab_separated_or_parallel_files(tmp_path):
@@ -113,6 +116,31 @@ def test_text_pairs_from_tab_separated_or_parallel_files(tmp_path):
     np.testing.assert_array_equal(
         _tokens(batch["tgt_labels"].numpy()[1]), [c_id]
     )  # the empty pair is skipped
+
+
+def test_sentencepiece_pairs_and_what_inspect_shows(tmp_path):
+    """The bundled model's pieces, packed first fit decreasing: inspect_datasets' decoded pairs, packing
+    efficiency and length histograms match the input's own rows."""
+    tsv = tmp_path / "train.tsv"
+    lines = ["The old miller slept.\tPosal fetal sone.", "A fox watched the river at dawn.\tX y."] * 3
+    tsv.write_text("".join(line + "\n" for line in lines))
+    vocab = vocab_params(size=500, file=str(Path(corpus.DATA, corpus.MODEL)), type="sentencepiece")
+    p = TextMtInput.Params().set(file=str(tsv), vocab=vocab, max_length=20, batch_size=8, packing=True)
+    p.drop_remainder = False
+    inp = p.instantiate()
+    sp = inp.vocabulary()
+    assert inp.pairs()[0] == (sp.encode("The old miller slept."), sp.encode("Posal fetal sone."))
+    rows = next(iter(inp.dataset()))
+    real = sum(len(s) + len(t) + 2 for s, t in inp.pairs())
+    slots = rows["src_ids"].shape[0] * 2 * 21
+    assert rows["src_ids"].shape[0] < 6  # several pairs a row, every token of them in one
+    assert sum(int((rows[f"{side}_segment_ids"].numpy() > 0).sum()) for side in ("src", "tgt")) == real
+    shown = inp.inspect(num_examples=2)
+    assert "'The old miller slept.' -> 'Posal fetal sone.'" in shown
+    assert f"packing efficiency (real tokens / slots): {real / slots:.3f} packed" in shown
+    assert f"{real / (6 * 42):.3f} one per row" in shown
+    assert "source token lengths of 6 pairs (EOS included, cut at 21):" in shown
+    assert "target token lengths of 6 pairs" in shown and "#" in shown
 
 
 def test_text_input_errors_name_the_file(tmp_path):

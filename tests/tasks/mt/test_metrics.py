@@ -28,3 +28,13 @@ def test_corpus_bleu_extremes():
     assert CorpusBleuMetric().value == 0.0
     with pytest.raises(TypeError, match="use add"):
         CorpusBleuMetric().update(1.0)
+
+
+def test_corpus_bleu_of_detokenized_text_tokenizes_it_as_sacrebleu_does():
+    hyps, refs = ["The fox slept.", "A miller sang, and it rained."], ["The fox slept.", "A miller sang."]
+    metric = CorpusBleuMetric("13a")
+    for h, r in zip(hyps, refs):
+        metric.add(h, r)
+    assert metric.value == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, rel=1e-9)
+    # Without its tokenizer "slept." is one token, so the same text scores otherwise.
+    assert metric.value != pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score)
