@@ -144,9 +144,9 @@ def test_the_exported_lm_serves_raw_strings_after_the_vocabulary_moved(run):
     assert "generate" in out
     export_dir = next((run["logdir"] / "export").iterdir())
     prompts = ["The old miller", "A fox watched"]
-    served = json.loads(
-        _run(["-I", "-c", SERVE, str(export_dir), json.dumps(prompts)]).strip().splitlines()[-1]
-    )
+    out = _run(["-I", "-c", SERVE, str(export_dir), json.dumps(prompts)])
+    # The JSON line is stdout's; TensorFlow's start-up lines on stderr may come after it.
+    served = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     vocab = SentencePieceVocabulary(kept.read_bytes())
     assert len(served["text"]) == 2
     for prompt, ids, text in zip(prompts, served["ids"], served["text"]):
