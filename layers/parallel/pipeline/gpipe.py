@@ -349,6 +349,18 @@ class GPipeLayer(BaseLayer):
             )
         rules = self.params.stage_layout_rules
         try:
+            batch_axis = mesh_lib.parse_layout_rules(rules).get("batch")
+        except ConfigError as e:
+            raise ConfigError(
+                f"{self.path}: {str(e).replace('cluster.layout_rules', 'stage_layout_rules')}"
+            ) from None
+        if batch_axis is not None:
+            raise ConfigError(
+                f"{self.path}: stage_layout_rules splits 'batch' over {batch_axis!r}: a data axis inside "
+                "a stage's mesh is not supported (TensorFlow 2.21's DTensor hung on such a pipeline's "
+                "step); replicate the pipelined model with --mode=sync workers instead"
+            )
+        try:
             return [
                 mesh_lib.create_mesh(shape, names, rules, device_type, first_device=d * size)
                 for d in range(k)

@@ -155,7 +155,11 @@ def test_inference_equals_the_plain_stack():
 @pytest.mark.parametrize(
     "settings, layers, words",
     [
-        (dict(stage_mesh_shape=[4]), None, ["num_stages=2", "stage_mesh_shape [4]", "needs 8", "found 4"]),
+        (
+            dict(stage_mesh_shape=[4]),
+            None,
+            ["num_stages=2", "stage_mesh_shape [4]", "needs 8", "found 4", "num_logical_cpu_devices"],
+        ),
         (
             dict(stage_mesh_shape=[1, 2], stage_mesh_axis_names=["model", "model"]),
             None,
@@ -163,6 +167,12 @@ def test_inference_equals_the_plain_stack():
         ),
         ({}, _layers(hidden=5), ["net/fc0", "weight 'w'", "size 5", "not divisible", "'model'"]),
         (dict(devices=["/cpu:0", "/cpu:1"]), None, ["params.devices", "stage_mesh_shape"]),
+        (
+            dict(stage_mesh_axis_names=["data"], stage_layout_rules="batch:data"),
+            None,
+            ["stage_layout_rules", "'batch'", "--mode=sync"],
+        ),
+        (dict(stage_layout_rules="hidden:data"), None, ["stage_layout_rules", "'data'", "not a mesh axis"]),
     ],
 )
 def test_impossible_combinations_fail_in_one_line(settings, layers, words):
