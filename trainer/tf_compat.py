@@ -16,6 +16,11 @@ changes one, so the fix is made here, not found as a traceback in a training run
   (``tf.train.get_checkpoint_state`` swallows the parse error).
 - ``tensorflow.tsl.profiler.protobuf.xplane_pb2.XSpace``: the profiler's trace files (``*.xplane.pb``),
   read for measured per-device timelines and memory; ``tf.profiler`` writes them but has no reader.
+- ``tensorflow.python.eager.record.record_operation`` and ``VariableWatcher`` (used by
+  layers/parallel/pipeline/executor.py, the one private name under layers/): a GPipe pipeline whose
+  stages sit on different DTensor meshes records its gradient function on the tape itself, since
+  ``tf.custom_gradient`` joins inputs, outputs and variables in one ``IdentityN``, which DTensor
+  refuses across meshes.
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ def problems() -> list[str]:
             fail("xplane_pb2.XSpace", "an empty file has planes")
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         fail("xplane_pb2.XSpace", e)
+    try:
+        from tensorflow.python.eager import record
+
+        for name in ("record_operation", "VariableWatcher"):
+            if not hasattr(record, name):
+                fail(f"tensorflow.python.eager.record.{name}", "no such name")
+    except ImportError as e:
+        fail("tensorflow.python.eager.record", e)
     return out
 
 

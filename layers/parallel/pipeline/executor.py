@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.eager import record
+from tensorflow.python.eager import record  # private: listed and checked in trainer/tf_compat.py
 
 from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
