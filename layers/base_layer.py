@@ -185,7 +185,10 @@ class BaseLayer(tf.Module):
         self._path = f"{parent.path}/{p.name}" if parent is not None else p.name
         self._child_names: list[str] = []
         self.vars: dict[str, tf.Variable] = {}
-        self._mesh = parent._mesh if parent is not None else mesh_lib.active_mesh()
+        # The innermost mesh_scope, else the parent's mesh (a GPipe stage builds its layers in a scope
+        # of the stage's submesh under a parent that is on none).
+        scoped = mesh_lib.active_mesh()
+        self._mesh = scoped if scoped is not None or parent is None else parent._mesh
 
     @property
     def params(self) -> Params:

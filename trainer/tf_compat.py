@@ -20,6 +20,11 @@ changes one, so the fix is made here, not found as a traceback in a training run
   the Grappler config of the functions called on this thread, so that a mesh step can be compiled
   without Grappler's memory heuristics (``memory_heuristics_off``); ``tf.config.optimizer`` has no
   switch for the memory optimizer.
+- ``tensorflow.python.eager.record.record_operation`` and ``VariableWatcher`` (used by
+  layers/parallel/pipeline/executor.py, the one private name under layers/): a GPipe pipeline whose
+  stages sit on different DTensor meshes records its gradient function on the tape itself, since
+  ``tf.custom_gradient`` joins inputs, outputs and variables in one ``IdentityN``, which DTensor
+  refuses across meshes.
 """
 
 from __future__ import annotations
@@ -130,6 +135,14 @@ def problems() -> list[str]:
             fail("context().function_call_options", "setting it did not take effect")
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         fail("eager context.function_call_options / FunctionCallOptions", e)
+    try:
+        from tensorflow.python.eager import record
+
+        for name in ("record_operation", "VariableWatcher"):
+            if not hasattr(record, name):
+                fail(f"tensorflow.python.eager.record.{name}", "no such name")
+    except ImportError as e:
+        fail("tensorflow.python.eager.record", e)
     return out
 
 

@@ -174,6 +174,14 @@ class DeviceMesh:
         """Relayouts a DTensor activation to ``mapping`` (inside a DTensor function)."""
         return dtensor.relayout(x, self.layout(mapping))
 
+    def move_to(self, x: tf.Tensor, dst: DeviceMesh) -> tf.Tensor:
+        """A DTensor on this mesh -> the same value replicated on ``dst`` (another mesh, e.g. the next
+        GPipe stage's). Gathered here first: DTensor copies between meshes only replicated tensors.
+        The copy has no usable gradient in a function (DTensor's own fails at run time), so the
+        pipeline executor moves gradients back with this too rather than differentiating it."""
+        rank = x.shape.rank
+        return dtensor.copy_to_mesh(dtensor.relayout(x, self.replicated(rank)), dst.replicated(rank))
+
     def local_bytes(self, x: tf.Tensor | tf.Variable) -> int:
         """Bytes of one device's component (the largest one) of a DTensor or DVariable."""
         value = x.read_value() if isinstance(x, tf.Variable) else x
@@ -187,12 +195,15 @@ def create_mesh(
     layout_rules: str | Mapping[str, Any] | None = None,
     device_type: str | None = None,
     across_processes: bool = False,
+    first_device: int = 0,
 ) -> DeviceMesh:
     """The first prod(mesh_shape) logical devices (GPUs when present, else CPUs) as a named mesh.
 
     ``across_processes``: the devices of every DTensor client (multi-client DTensor, set up by
     ``dtensor.initialize_accelerator_system``), numbered client by client, the last mesh axis
-    varying fastest (so it stays within a process when each process holds a multiple of its size)."""
+    varying fastest (so it stays within a process when each process holds a multiple of its size).
+
+    ``first_device``: the mesh takes the logical devices from this index on (a GPipe stage's submesh)."""
     shape, names = list(mesh_shape), list(mesh_axis_names)
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
         raise ConfigError(f"cluster.mesh_shape: expected a non-empty list of ints >= 1, got {mesh_shape!r}")
@@ -220,13 +231,15 @@ def create_mesh(
             )
         mesh = dtensor.create_distributed_mesh(list(zip(names, shape)), device_type=device_type)
         return DeviceMesh(mesh, parse_layout_rules(layout_rules))
-    if needed > len(devices):
+    if first_device + needed > len(devices):
         raise ConfigError(
             f"cluster.mesh_shape {shape} needs {needed} {device_type} devices, found {len(devices)} "
             f"(set cluster.num_logical_cpu_devices : {needed})"
         )
     mesh = dtensor.create_mesh(
-        list(zip(names, shape)), devices=[d.name for d in devices[:needed]], device_type=device_type
+        list(zip(names, shape)),
+        devices=[d.name for d in devices[first_device : first_device + needed]],
+        device_type=device_type,
     )
     return DeviceMesh(mesh, parse_layout_rules(layout_rules))
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.eager import record  # private: listed and checked in trainer/tf_compat.py
 
 from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
@@ -85,9 +86,11 @@ class PipelineExecutor:
         remat: list[bool],
         ctx: FPropContext,
         has_head: bool,
+        meshes: list[Any] | None = None,
     ) -> None:
         self.path, self.schedule, self.stages, self.devices = path, schedule, stages, devices
         self.remat, self.ctx, self.has_head = remat, ctx, has_head
+        self.meshes = list(meshes or [])  # per schedule device, its stage mesh (pipeline x mesh)
         self.in_step = runs_forwards_after_backwards(schedule)
         if self.in_step and not has_head:
             raise ConfigError(
@@ -110,7 +113,6 @@ class PipelineExecutor:
         n_in, n_head = len(micro[0]), len(head_micro[0]) if head_micro else 0
         box: dict[str, Any] = {}
 
-        @tf.custom_gradient
         def pipeline(*args: tf.Tensor) -> Any:
             ins = [list(args[m * n_in : (m + 1) * n_in]) for m in range(m_count)]
             base = m_count * n_in
@@ -130,6 +132,10 @@ class PipelineExecutor:
                     run.seed(per_m)
                     run.build(forwards=False, backwards=True)
                     scale, checks = None, []
+                if self.meshes and checks:  # a control edge stays on its mesh: the checks guard c
+                    with tf.control_dependencies(checks):
+                        scale = tf.identity(scale)
+                    checks = []
                 with tf.control_dependencies(checks):
                     dxs = [run.input_grad(m, i, scale) for m in range(m_count) for i in range(n_in)]
                     dxs += [run.input_grad(m, n_in + i, scale) for m in range(m_count) for i in range(n_head)]
@@ -138,10 +144,14 @@ class PipelineExecutor:
 
             return flat, grad
 
-        # On the last device: tf.custom_gradient wraps inputs and outputs in one IdentityN, which would
-        # otherwise sit on the caller's device (another process, for stages on other tasks).
-        with on(self.devices[-1]):
-            flat_out = pipeline(*[t for m in micro for t in m], *[t for m in head_micro for t in m])
+        args = [t for m in micro for t in m] + [t for m in head_micro for t in m]
+        if self.meshes:
+            flat_out = _across_meshes(pipeline, args)
+        else:
+            # On the last device: tf.custom_gradient wraps inputs and outputs in one IdentityN, which would
+            # otherwise sit on the caller's device (another process, for stages on other tasks).
+            with on(self.devices[-1]):
+                flat_out = tf.custom_gradient(pipeline)(*args)
         n_out = len(flat_out) // m_count
         outs = [list(flat_out[m * n_out : (m + 1) * n_out]) for m in range(m_count)]
         return outs, box["structure"]
@@ -170,6 +180,7 @@ class _Step:
         self.out_grads: dict[tuple[int, int], list[Any]] = {}
         self.sums: dict[Any, Any] = {}
         self.sum_vars: dict[Any, tf.Variable] = {}
+        self.var_stage: dict[Any, int] = {}
         self.done: set[schedules.Op] = set()
         self.position = [0] * self.sched.num_devices
         self.ends: list[Any] = [None] * self.sched.num_devices
@@ -252,7 +263,8 @@ class _Step:
         if s == 0:
             xs, structure = list(self.ins[m]), self.structure
         else:
-            xs, structure = [tf.identity(t) for t in self.stage_out[(s - 1, m)]], self.structures[(s - 1, m)]
+            xs = [self._hand(t, s - 1, s) for t in self.stage_out[(s - 1, m)]]
+            structure = self.structures[(s - 1, m)]
         if s == self.last_stage and self.ex.has_head:
             xs, structure = xs + list(self.heads[m]), (structure, self.head_structure)
         self.stage_in[(s, m)] = xs
@@ -273,8 +285,10 @@ class _Step:
         zero = _zero_after([d for d in dys if d is not None] or self.stage_out[(s, m)])
         with tf.control_dependencies([zero]):
             xs = [tf.identity(t) for t in self.stage_in[(s, m)]]
-        step = tf.cast(self.ex.ctx.step, tf.int64) + tf.cast(zero, tf.int64)
-        ctx = dataclasses.replace(self.ex.ctx.for_micro_batch(m, record_updates=False), step=step)
+        ctx = self.ex.ctx.for_micro_batch(m, record_updates=False)
+        if not self.ex.meshes:  # on stage meshes the step may sit on another mesh (and no dropout runs)
+            step = tf.cast(self.ex.ctx.step, tf.int64) + tf.cast(zero, tf.int64)
+            ctx = dataclasses.replace(ctx, step=step)
         structure = self.structures.get((s - 1, m), self.structure) if s else self.structure
         if s == self.last_stage and self.ex.has_head:
             structure = (structure, self.head_structure)
@@ -319,11 +333,25 @@ class _Step:
                     if g is None:
                         continue
                     key = v.ref()
+                    self.var_stage[key] = s
                     self.sums[key] = g if key not in self.sums else _add_grads(self.sums[key], g)
                     produced.append(self.sums[key])
         return produced
 
     # ------------------------------------------------------------------------------- helpers
+    def _mesh(self, s: int) -> Any:
+        return self.ex.meshes[s % len(self.ex.meshes)] if self.ex.meshes else None
+
+    def _hand(self, t: Any, src: int, dst: int) -> Any:
+        """Stage ``src``'s tensor handed to stage ``dst``: an identity on dst's device, or a copy onto
+        dst's mesh."""
+        if not self.ex.meshes:
+            return tf.identity(t)
+        src_mesh, dst_mesh = self._mesh(src), self._mesh(dst)
+        if src_mesh is dst_mesh:
+            return tf.identity(t)
+        return src_mesh.move_to(tf.convert_to_tensor(t), dst_mesh)
+
     def _ctx(self, m: int) -> FPropContext:
         return self.ex.ctx.for_micro_batch(m)
 
@@ -357,7 +385,7 @@ class _Step:
             return self.out_grads[(s, m)]
         grads = self.in_grads[(s + 1, m)][: len(self.stage_out[(s, m)])]
         ys = self.stage_out[(s, m)]
-        return [None if g is None else tf.identity(g) for g in grads] if ys else grads
+        return [None if g is None else self._hand(g, s + 1, s) for g in grads] if ys else grads
 
     def _seed_ones(self, m: int, ys: list[tf.Tensor]) -> None:
         """In-step: the last stage's output gradient is ones on the float outputs the loss is made of
@@ -448,10 +476,38 @@ class _Step:
             grads = self.in_grads.get((self.last_stage, m))
             i = len(self.stage_in[(self.last_stage, m)]) - len(self.heads[m]) + (i - len(self.ins[m]))
         g = grads[i] if grads is not None else None
+        if g is not None and scale is not None and grads is self.in_grads.get((0, m)):
+            scale = self._hand(scale, self.last_stage, 0)
         return _scaled(g, scale)
 
     def weight_grad(self, v: tf.Variable, scale: Any) -> Any:
-        return _scaled(self.sums.get(v.ref()), scale)
+        g = self.sums.get(v.ref())
+        if g is not None and scale is not None:
+            scale = self._hand(scale, self.last_stage, self.var_stage[v.ref()])
+        return _scaled(g, scale)
+
+
+def _across_meshes(fn: Callable[..., Any], args: list[tf.Tensor]) -> list[tf.Tensor]:
+    """``tf.custom_gradient(fn)(*args)`` for a pipeline over several DTensor meshes: custom_gradient
+    joins inputs, outputs and variables in one IdentityN, which DTensor refuses across meshes; this
+    records the same gradient function on the tape with one identity per output instead."""
+    args = [tf.convert_to_tensor(a) for a in args]
+    with record.VariableWatcher() as watcher:
+        outs, grad_fn = fn(*args)
+    variables = sorted({v.ref() for v in watcher.watched_variables()}, key=lambda r: r.deref().name)
+    variables = [r.deref() for r in variables]
+    reads = [v.read_value() for v in variables]
+    results = [tf.identity(o) for o in outs]
+
+    def backward(*dys: Any) -> list[Any]:
+        if variables:
+            dxs, dvs = grad_fn(*dys, variables=variables)
+        else:
+            dxs, dvs = grad_fn(*dys), []
+        return list(dxs) + list(dvs)
+
+    record.record_operation("PipelineAcrossMeshes", results, args + reads, backward)
+    return results
 
 
 def _scaled(g: Any, scale: Any) -> Any:

@@ -42,6 +42,7 @@ from absl import logging
 from layers import checks
 from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from layers.parallel import device_choice, partition
+from layers.parallel import mesh as mesh_lib
 from layers.parallel.pipeline import executor as stage_ops
 from layers.parallel.pipeline import schedule as schedules
 from layers.parallel.pipeline import torch_format
@@ -101,6 +102,23 @@ class GPipeLayer(BaseLayer):
             [],
             "One device per stage. Empty: the GPUs if there are K, else /device:CPU:0..K-1 (split the CPU "
             "with cluster.num_logical_cpu_devices); with one stage, the caller's device.",
+        )
+        p.define(
+            "stage_mesh_shape",
+            [],
+            "A mesh of each stage's own (pipeline x mesh): e.g. [2] puts stage k on logical devices "
+            "2k, 2k+1 as a 2-device DTensor mesh, its layers' weights sharded there by "
+            "stage_layout_rules; activations cross to the next stage's mesh replicated. Empty: one "
+            "device per stage. Inputs must be on the first stage's mesh (input_mesh), head inputs on "
+            "the last's (output_mesh).",
+            value_type=list,
+        )
+        p.define("stage_mesh_axis_names", [], "One distinct name per stage_mesh_shape entry, e.g. ['model'].")
+        p.define(
+            "stage_layout_rules",
+            "",
+            "Mesh-TF's layout rules on each stage's mesh, e.g. 'hidden:model;heads:model' "
+            "(layers.parallel.mesh).",
         )
         p.define(
             "remat",
@@ -188,9 +206,7 @@ class GPipeLayer(BaseLayer):
         self._costs: dict[str, list[float]] = {}
         self._bounds = list(range(len(stages) + 1))
         self._devices = self._resolve_devices(len(stages) // v)
-        self._layers = self._build(
-            stages, [self._devices[s % len(self._devices)] for s in range(len(stages))], "stage"
-        )
+        self._layers = self._build(stages, [s % len(self._devices) for s in range(len(stages))], "stage")
         self._add_report_costs()
 
     def _init_layers(self, layers: list[Params], num_stages: int, method: str) -> None:
@@ -228,7 +244,7 @@ class GPipeLayer(BaseLayer):
         self._bounds = self._checked(partition.cut, n, k, split_points, method, costs)
         self._devices = self._resolve_devices(devices)
         stage_of = [s for s in range(k) for _ in range(self._bounds[s], self._bounds[s + 1])]
-        self._layers = self._build(layers, [self._devices[s % devices] for s in stage_of], "layer")
+        self._layers = self._build(layers, [s % devices for s in stage_of], "layer")
         self._add_report_costs()
 
     def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -245,10 +261,13 @@ class GPipeLayer(BaseLayer):
         if "flops" not in self._costs and self.params.input_shape is not None:
             self._costs["flops"] = [float(f) for f in partition.traced_flops(self._layers, self._spec())]
 
-    def _build(self, params_list: list[Params], devices: list[str | None], prefix: str) -> list[BaseLayer]:
+    def _build(self, params_list: list[Params], where: list[int], prefix: str) -> list[BaseLayer]:
+        """Each layer on its schedule device ``where[i]``: that device, or that stage mesh's scope."""
         built = []
-        for i, (params, device) in enumerate(zip(params_list, devices)):
-            with device_choice.on(device):
+        for i, (params, d) in enumerate(zip(params_list, where)):
+            mesh = self._meshes[d] if self._meshes else None
+            scope = mesh_lib.mesh_scope(mesh) if mesh is not None else device_choice.on(self._devices[d])
+            with scope:
                 built.append(self.create_child(params.name or f"{prefix}_{i}", params))
         return built
 
@@ -279,7 +298,91 @@ class GPipeLayer(BaseLayer):
         return self._checked(partition.input_spec, shape, self.params.input_dtype)
 
     def _resolve_devices(self, k: int) -> list[str | None]:
+        self._meshes = self._stage_meshes(k)
+        if self._meshes:
+            return [None] * k
         return device_choice.resolve(self.path, list(self.params.devices), k, "stage")
+
+    def _stage_meshes(self, k: int) -> list[mesh_lib.DeviceMesh]:
+        """The meshes of the k schedule devices (none without stage_mesh_shape); an impossible
+        combination is one ConfigError naming the knobs."""
+        shape, names = list(self.params.stage_mesh_shape), list(self.params.stage_mesh_axis_names)
+        if not shape:
+            if names or self.params.stage_layout_rules:
+                raise ConfigError(
+                    f"{self.path}: stage_mesh_axis_names / stage_layout_rules are set but "
+                    "stage_mesh_shape is empty; set stage_mesh_shape too"
+                )
+            return []
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+            raise ConfigError(f"{self.path}: stage_mesh_shape must list ints >= 1, got {shape}")
+        if len(names) != len(shape) or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(
+                f"{self.path}: stage_mesh_axis_names {names} must name each of the {len(shape)} "
+                f"stage_mesh_shape {shape} axes"
+            )
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(
+                f"{self.path}: stage_mesh_axis_names {names} names mesh axis {twice[0]!r} twice; give "
+                "each axis its own name"
+            )
+        if self.params.devices:
+            raise ConfigError(
+                f"{self.path}: params.devices and stage_mesh_shape both place the stages; set one"
+            )
+        if self.mesh is not None:
+            raise ConfigError(
+                f"{self.path}: stage_mesh_shape puts each stage on a mesh of its own, but the layer is "
+                f"already built on a mesh ({self.mesh.describe()}, cluster.mesh_shape); set one"
+            )
+        size = 1
+        for n in shape:
+            size *= n
+        device_type = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+        found = len(tf.config.list_logical_devices(device_type))
+        if k * size > found:
+            raise ConfigError(
+                f"{self.path}: num_stages={k} x stage_mesh_shape {shape} needs {k * size} {device_type} "
+                f"devices, found {found}; set cluster.num_logical_cpu_devices : {k * size}, or fewer "
+                "stages or a smaller stage mesh"
+            )
+        rules = self.params.stage_layout_rules
+        try:
+            batch_axis = mesh_lib.parse_layout_rules(rules).get("batch")
+        except ConfigError as e:
+            raise ConfigError(
+                f"{self.path}: {str(e).replace('cluster.layout_rules', 'stage_layout_rules')}"
+            ) from None
+        if batch_axis is not None:
+            raise ConfigError(
+                f"{self.path}: stage_layout_rules splits 'batch' over {batch_axis!r}: a data axis inside "
+                "a stage's mesh is not supported (TensorFlow 2.21's DTensor hung on such a pipeline's "
+                "step); replicate the pipelined model with --mode=sync workers instead"
+            )
+        try:
+            return [
+                mesh_lib.create_mesh(shape, names, rules, device_type, first_device=d * size)
+                for d in range(k)
+            ]
+        except ConfigError as e:
+            msg = str(e).replace("cluster.layout_rules", "stage_layout_rules")
+            raise ConfigError(f"{self.path}: {msg}") from None
+
+    @property
+    def stage_meshes(self) -> list[mesh_lib.DeviceMesh]:
+        """Each schedule device's mesh (empty without stage_mesh_shape)."""
+        return list(self._meshes)
+
+    @property
+    def input_mesh(self) -> mesh_lib.DeviceMesh | None:
+        """Where fprop's inputs must be: the first stage's mesh (None: no stage meshes)."""
+        return self._meshes[0] if self._meshes else None
+
+    @property
+    def output_mesh(self) -> mesh_lib.DeviceMesh | None:
+        """Where fprop's outputs (and the head's inputs) are: the last stage's mesh."""
+        return self._meshes[(self.num_stages - 1) % len(self._meshes)] if self._meshes else None
 
     def _make_report(self, method: str) -> str:
         k = self.num_stages
@@ -488,6 +591,7 @@ class GPipeLayer(BaseLayer):
                 remat,
                 ctx,
                 head is not None,
+                self._meshes,
             )
             return executor(micro, structure, head_micro, head_structure)
         current = list(micro)
@@ -497,6 +601,9 @@ class GPipeLayer(BaseLayer):
                 last = k == k_stages - 1 and head is not None
                 fn = self._stage_fn(k, head if last else None)
                 with device_choice.on(self.stage_devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
+                    if self._meshes and k:  # onto this stage's mesh
+                        src, dst = (self._meshes[j % len(self._meshes)] for j in (k - 1, k))
+                        current[m] = [src.move_to(t, dst) for t in current[m]]
                     s_in = (structures[m], head_structure) if last else structures[m]
                     xs_in = current[m] + head_micro[m] if last else current[m]
                     y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))

@@ -1,0 +1,184 @@
+"""Pipeline x mesh: a K=2 GPipe whose stages each carry a 2-way model mesh over their own two of the
+four logical CPU devices (tests/conftest.py) trains exactly like the unsharded, unpipelined stack, for
+fill-drain and 1F1B; an impossible combination is one ConfigError line naming the knobs."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from layers import core
+from layers.base_layer import FPropContext
+from layers.parallel.pipeline import gpipe
+from params.errors import ConfigError
+
+BATCH, IN_DIM, HIDDEN, OUT_DIM = 8, 6, 8, 4
+STEPS, LR, TOL = 3, 0.1, 1e-5
+
+
+def _layers(hidden: int = HIDDEN) -> list:
+    """Four projections; ``hidden`` dims (split over ``model`` by the rules) alternate with ``embed``
+    ones, so each stage holds a column-split and a row-split weight (Megatron's pair)."""
+    dims = [IN_DIM, hidden, HIDDEN, hidden, OUT_DIM]
+    names = ["embed", "hidden", "embed", "hidden", "out"]
+    return [
+        core.ProjectionLayer.Params().set(
+            name=f"fc{i}",
+            input_dim=dims[i],
+            output_dim=dims[i + 1],
+            input_dim_name=names[i],
+            output_dim_name=names[i + 1],
+            activation="tanh" if i < 3 else "none",
+        )
+        for i in range(4)
+    ]
+
+
+def _pipeline(schedule: str = "fill_drain", layers=None, **kwargs) -> gpipe.GPipeLayer:
+    settings = dict(stage_mesh_shape=[2], stage_mesh_axis_names=["model"], stage_layout_rules="hidden:model")
+    settings.update(kwargs)
+    return (
+        gpipe.GPipeLayer.Params()
+        .set(
+            name="net",
+            layers=layers or _layers(),
+            num_stages=2,
+            num_micro_batches=2,
+            schedule=schedule,
+            **settings,
+        )
+        .instantiate()
+    )
+
+
+def _squared_error(ctx, y, target):
+    return tf.reduce_sum(tf.square(y - target), axis=-1)
+
+
+def _whole(t) -> np.ndarray:
+    """A DTensor's (or a plain tensor's) full value."""
+    if isinstance(t, tf.Variable):
+        t = t.read_value()
+    if not dtensor.is_dtensor(t):
+        return t.numpy()
+    layout = dtensor.fetch_layout(t)
+    return dtensor.unpack(dtensor.relayout(t, dtensor.Layout.replicated(layout.mesh, t.shape.rank)))[
+        0
+    ].numpy()
+
+
+def _train(model, x, target, piped: bool):
+    """STEPS of SGD on the summed squared error over BATCH * OUT_DIM (the loss computed per
+    micro-batch in the last stage when ``piped``); (losses, first gradients, final weights) by name."""
+    variables = model.trainable_variables
+    layouts = [dtensor.fetch_layout(v) for v in variables] if piped else []
+
+    @tf.function
+    def step():
+        ctx = FPropContext(training=True, seed=7)
+        with tf.GradientTape() as tape:
+            if piped:
+                per_example = model(ctx, x, head=_squared_error, head_inputs=target)
+            else:
+                per_example = _squared_error(ctx, model(ctx, x), target)
+            loss = tf.reduce_sum(per_example) / float(BATCH * OUT_DIM)
+        grads = tape.gradient(loss, variables)
+        for v, g in zip(variables, grads):
+            v.assign_sub(LR * g)
+        if piped:  # returned from a step over two meshes, a gradient needs its layout spelt out
+            grads = [dtensor.relayout(g, layout) for g, layout in zip(grads, layouts)]
+        return loss, grads
+
+    losses, first = [], None
+    for _ in range(STEPS):
+        loss, grads = step()
+        losses.append(float(_whole(loss)))
+        if first is None:
+            first = {v.name: _whole(g) for v, g in zip(variables, grads)}
+    return np.array(losses), first, {v.name: _whole(v) for v in variables}
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH, IN_DIM)).astype(np.float32)
+    y = rng.normal(size=(BATCH, OUT_DIM)).astype(np.float32)
+    return x, y
+
+
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+def test_pipeline_by_mesh_trains_like_the_plain_stack(schedule):
+    x, y = _data()
+    pipe = _pipeline(schedule)
+    got = _train(
+        pipe, pipe.input_mesh.to_layout(x, [None, None]), pipe.output_mesh.to_layout(y, [None, None]), True
+    )
+    plain = core.SequentialLayer.Params().set(name="net", sub=_layers()).instantiate()
+    want = _train(plain, tf.constant(x), tf.constant(y), False)
+    assert np.max(np.abs(got[0] - want[0])) <= TOL, (got[0], want[0])
+    assert got[0][-1] < got[0][0]
+    for got_part, want_part in zip(got[1:], want[1:]):
+        assert sorted(got_part) == sorted(want_part)
+        for name, value in got_part.items():
+            assert np.max(np.abs(value - want_part[name])) <= TOL, name
+
+
+def test_each_stage_shards_its_weights_on_its_own_devices():
+    pipe = _pipeline()
+    devices = [d.name.split("/device:")[-1] for d in tf.config.list_logical_devices("CPU")]
+    for k, own in enumerate([devices[0:2], devices[2:4]]):
+        for layer in pipe.stage_layers(k):
+            for var in layer.vars.values():
+                layout = dtensor.fetch_layout(var)
+                assert [d.split("/device:")[-1] for d in layout.mesh.local_devices()] == own, var.name
+        specs = [dtensor.fetch_layout(layer.vars["w"]).sharding_specs for layer in pipe.stage_layers(k)]
+        assert specs == [[dtensor.UNSHARDED, "model"], ["model", dtensor.UNSHARDED]]
+    # Every weight is split in two or is a bias of the row-split layer: a device holds about a quarter.
+    largest = max(
+        sum(
+            pipe.stage_meshes[0].local_bytes(v) for layer in pipe.stage_layers(k) for v in layer.vars.values()
+        )
+        for k in range(2)
+    )
+    whole = sum(int(np.prod(v.shape)) * 4 for v in pipe.trainable_variables)
+    assert largest / whole < 0.3
+
+
+def test_inference_equals_the_plain_stack():
+    x, _ = _data()
+    pipe = _pipeline()
+    plain = core.SequentialLayer.Params().set(name="net", sub=_layers()).instantiate()
+    ctx = FPropContext(training=False)
+    got = tf.function(lambda t: pipe(ctx, t))(pipe.input_mesh.to_layout(x, [None, None]))
+    np.testing.assert_allclose(_whole(got), plain(ctx, tf.constant(x)).numpy(), atol=TOL)
+
+
+@pytest.mark.parametrize(
+    "settings, layers, words",
+    [
+        (
+            dict(stage_mesh_shape=[4]),
+            None,
+            ["num_stages=2", "stage_mesh_shape [4]", "needs 8", "found 4", "num_logical_cpu_devices"],
+        ),
+        (
+            dict(stage_mesh_shape=[1, 2], stage_mesh_axis_names=["model", "model"]),
+            None,
+            ["stage_mesh_axis_names", "'model' twice"],
+        ),
+        ({}, _layers(hidden=5), ["net/fc0", "weight 'w'", "size 5", "not divisible", "'model'"]),
+        (dict(devices=["/cpu:0", "/cpu:1"]), None, ["params.devices", "stage_mesh_shape"]),
+        (
+            dict(stage_mesh_axis_names=["data"], stage_layout_rules="batch:data"),
+            None,
+            ["stage_layout_rules", "'batch'", "--mode=sync"],
+        ),
+        (dict(stage_layout_rules="hidden:data"), None, ["stage_layout_rules", "'data'", "not a mesh axis"]),
+    ],
+)
+def test_impossible_combinations_fail_in_one_line(settings, layers, words):
+    with pytest.raises(ConfigError) as info:
+        _pipeline(layers=layers, **settings)
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
