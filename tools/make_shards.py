@@ -20,6 +20,7 @@ from absl import flags  # noqa: E402
 
 from params.errors import ConfigError  # noqa: E402
 from tools import cli  # noqa: E402
+from trainer import tf_startup  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -41,7 +42,7 @@ def write_shards(
     files: list[str], output: str, num_shards: int, feature: str = "text"
 ) -> tuple[list[str], int]:
     """Writes the shards; returns their paths and the number of lines written."""
-    import tensorflow as tf
+    tf = tf_startup.import_tensorflow()  # without TensorFlow's start-up lines on stderr
 
     from tasks.readers import file_lines
 

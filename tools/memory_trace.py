@@ -13,7 +13,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import tensorflow as tf
+from trainer import tf_startup
+
+# Run as a module (python -m), TensorFlow's start-up lines stay off stderr.
+tf = tf_startup.import_tensorflow()
 
 
 def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:

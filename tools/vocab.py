@@ -21,6 +21,7 @@ from absl import flags  # noqa: E402
 
 from params.errors import ConfigError, UserError  # noqa: E402
 from tools import cli  # noqa: E402
+from trainer import tf_startup  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -79,7 +80,7 @@ def train(
 
 
 def main(argv: list[str]) -> int:
-    import tensorflow as tf
+    tf = tf_startup.import_tensorflow()  # without TensorFlow's start-up lines on stderr
 
     from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary
     from tasks.readers import file_lines, list_files
