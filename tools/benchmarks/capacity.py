@@ -6,17 +6,19 @@ softmax over the synthetic 36-token vocabulary, Adam), trained on sequences of 1
 (1024 tokens a step), climbed along ``LADDER`` (widths 128 to 2048, each rung about 1.4x the
 parameters of the one below) until a size fails: a process ends with an error, or the peak
 resident memory (VmHWM, ``ru_maxrss``) of one of the row's processes passes ``--budget_mib``. Why
-this family: at 1024 tokens a step the activations the backward needs are about as large as the
-weights with their gradient and Adam slots (at width 384, about 45 and 57 MiB a layer), as in real LM
-training, so re-materialization has something to save; with 256 tokens (sequences of 32) they
-were a few percent, and no placement could do more than divide the weights among its processes.
+this family: at 1024 tokens a step the activations the backward keeps outweigh the weights with
+their gradient and Adam's two slots, as in real LM training, so re-materialization has something to
+save (measured: plain 8 x 512 peaks at 1983 MiB, of which those 16 bytes a parameter are ~385 MiB and
+TensorFlow's own footprint ~0.85 GiB; the ~0.7 GiB left is activations and temporaries). With the
+first family (sequences of 32, batch 8: 256 tokens) they were a few percent, remat had nothing to
+save and K stage processes could at most divide the weights (~4x at K=4): 6 was out of reach.
 Why the depth is fixed: a GPipe row's trainer process traces and optimizes the whole unrolled
 pipeline (every stage's forward, recompute and backward for every micro-batch), and its peak grows
-with the number of layers, not their width (measured, sequences of 512: 16 x 128 at K=4, the trainer
-over 2.6 GiB while each stage stayed under 0.9 GiB); deeper rungs would measure the trainer's graph,
-not where the model's memory lives. The default budget (2000 MiB) leaves room above the ~0.85 GiB
-every TensorFlow process takes and the ~1.25 to 1.5 GiB of a GPipe trainer; at 1200 MiB no GPipe
-row fit even its smallest size (the trainer alone peaked at 1244 MiB with 4 x 128).
+with the number of layers (measured: 1705 MiB at 8 x 128 here, above 2.6 GiB at 16 x 128 with
+sequences of 512, while each stage process stayed under 0.9 GiB); deeper rungs would measure the
+trainer's graph, not where the model's memory lives. The default budget (2000 MiB) leaves room
+above the ~0.85 GiB every TensorFlow process takes and that trainer; at 1200 MiB no GPipe row fit
+even its smallest size of the first family (the trainer alone peaked at 1244 MiB with 4 x 128).
 
 The climb (``climb``): rungs 1, 2, 4, 8, ... above the largest that fitted until one fails, then
 bisection between the two (the ladder's memory grows with its rungs); a watchdog ends a trial as
