@@ -225,9 +225,13 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float, b
             deadline = time.monotonic() + timeout
             reporters = procs[len(stage_specs) :]
             while any(proc.poll() is None for proc in reporters):
-                peak = max(_peak_mib(proc.pid) for proc in procs if proc.poll() is None)
+                peak, who = max(
+                    (_peak_mib(proc.pid), k) for k, proc in enumerate(procs) if proc.poll() is None
+                )
                 if peak > budget_mib:
-                    return {"ok": True, "over": True, "why": f"a process's peak passed {peak:.0f} MiB"}
+                    name = f"process {who - len(stage_specs)}" if who >= len(stage_specs) else f"stage {who}"
+                    name = "the trainer" if stage_specs and who == len(stage_specs) else name
+                    return {"ok": True, "over": True, "why": f"{name}'s peak passed {peak:.0f} MiB"}
                 if time.monotonic() > deadline:
                     return {"ok": False, "why": f"not done within {timeout:g} s"}
                 time.sleep(0.5)
