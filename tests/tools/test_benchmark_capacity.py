@@ -23,3 +23,25 @@ def test_every_row_resolves_at_every_size(row):
 def test_unknown_rows_are_refused(capsys):
     assert capacity.main(["capacity", "--rows=one_process_plain,nope"]) == 2
     assert "unknown figures ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("largest", [-1, 0, 1, 5, 10, len(capacity.LADDER) - 1])
+def test_climb_finds_the_largest_size_that_fits_in_few_trials(monkeypatch, largest):
+    """Galloping then bisection over the ladder: the same answer as trying every rung in order."""
+    tried = []
+
+    def fake_trial(row, layers, width, train_steps, timeout, budget_mib):
+        i = capacity.LADDER.index((layers, width))
+        tried.append(i)
+        peak = 1000.0 + i
+        return {"ok": True, "over": i > largest, "peak_rss_mib": peak, "peaks_mib": [peak], "params": i + 1}
+
+    monkeypatch.setattr(capacity, "trial", fake_trial)
+    best = capacity.climb(capacity.ROWS[0], capacity.LADDER, 2000.0, 3, 60.0, verbose=False)
+    assert best["params"] == largest + 1
+    assert len(set(tried)) == len(tried) <= 2 * len(capacity.LADDER).bit_length()
+    if largest == len(capacity.LADDER) - 1:
+        assert best["stopped_by"].startswith("the ladder's largest size fits")
+    else:
+        layers, width = capacity.LADDER[largest + 1]
+        assert best["stopped_by"].startswith(f"{layers}x{width}: ")

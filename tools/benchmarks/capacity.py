@@ -1,27 +1,53 @@
 """``python -m tools.benchmark capacity``: GPipe's Table 1 for this machine, the largest Transformer LM
 each placement trains a few steps with every process under a memory budget.
 
-The family: pre-norm Transformer LMs of ``layers x width`` (hidden 4 x width, 4 heads, the synthetic
-36-token vocabulary, sequences of 32, batch 8, Adam), climbed in the order of ``LADDER`` until a size
-fails: a process ends with an error (out of memory), or the peak resident memory (``ru_maxrss``) of
-one of the row's processes is over ``--budget_mib``. A row of the table is one ``Row``: a name
+The family: pre-norm Transformer LMs of 8 layers x ``width`` (hidden 4 x width, 4 heads, tied
+softmax over the synthetic 36-token vocabulary, Adam), trained on sequences of 128 tokens, batch 8
+(1024 tokens a step), climbed along ``LADDER`` (widths 128 to 2048, each rung about 1.4x the
+parameters of the one below) until a size fails: a process ends with an error, or the peak
+resident memory (VmHWM, ``ru_maxrss``) of one of the row's processes passes ``--budget_mib``. Why
+this family: at 1024 tokens a step the activations the backward keeps outweigh the weights with
+their gradient and Adam's two slots, as in real LM training, so re-materialization has something to
+save (measured: plain 8 x 512 peaks at 1983 MiB, of which those 16 bytes a parameter are ~385 MiB and
+TensorFlow's own footprint ~0.85 GiB; the ~0.7 GiB left is activations and temporaries). With the
+first family (sequences of 32, batch 8: 256 tokens) they were a few percent, remat had nothing to
+save and K stage processes could at most divide the weights (~4x at K=4): 6 was out of reach.
+Why the depth is fixed: a GPipe row's trainer process traces and optimizes the whole unrolled
+pipeline (every stage's forward, recompute and backward for every micro-batch), and its peak grows
+with the number of layers (measured: 1705 MiB at 8 x 128 here, above 2.6 GiB at 16 x 128 with
+sequences of 512, while each stage process stayed under 0.9 GiB); deeper rungs would measure the
+trainer's graph, not where the model's memory lives. The default budget (2000 MiB) leaves room
+above the ~0.85 GiB every TensorFlow process takes and that trainer; at 1200 MiB no GPipe row fit
+even its smallest size of the first family (the trainer alone peaked at 1244 MiB with 4 x 128).
+
+The climb (``climb``): rungs 1, 2, 4, 8, ... above the largest that fitted until one fails, then
+bisection between the two (the ladder's memory grows with its rungs); a watchdog ends a trial as
+soon as a process's peak passes the budget. A row of the table is one ``Row``: a name
 (``placement`` in the JSON line), the number of processes, and the experiment and gin bindings of
 one size; each process is a worker (``--worker=JSON``) that builds the experiment's ``TrainStep``
-where its placement says, trains ``--train_steps`` steps, and prints its peak and the parameters.
+where its placement says, trains ``--train_steps`` steps (3), and prints its peak and the
+parameters. Every row trains the same model on the same global batch of 8 x 128 tokens:
 
-    one_process_plain   lm.synthetic.TransformerLM in one process
-    one_process_remat   lm.synthetic.GPipeTransformerLM, 1 stage, 4 micro-batches, remat always
-    gpipe_k2, gpipe_k4  lm.synthetic.GPipeTransformerLM, K stages in K stage processes
-                        (``cluster.stage_job : 'worker'``, the RemoteStages placement), 4 micro-batches,
-                        remat always; the trainer process (input, embedding, softmax) is a process of
-                        the row too, so K + 1 processes must each stay under the budget
+    one_process_plain   lm.synthetic.TransformerLM, one process, no micro-batches, no remat; the
+                        loss over the whole batch
+    one_process_remat   lm.synthetic.GPipeTransformerLM, one process, 1 stage, 4 micro-batches of 2
+                        sequences, remat always (a micro-batch keeps only the stack's input until
+                        its backward recomputes the forward); the loss per micro-batch in the stage
+    gpipe_k2, gpipe_k4  lm.synthetic.GPipeTransformerLM, K stages (8 / K layers each) in K stage
+                        processes (``cluster.stage_job : 'worker'``, the RemoteStages placement),
+                        4 micro-batches, remat always, fill-drain; the loss (tied softmax) per
+                        micro-batch in the last stage process. The trainer process (input,
+                        embedding, the traced step) is a process of the row too, so K + 1
+                        processes must each stay under the budget
     mesh_k2, mesh_k4    lm.synthetic.MeshTransformerLM on a [1, K] mesh over K processes (--mode=mesh's
-                        placement): every split weight cut across the processes
+                        placement), no micro-batches, no remat: the feed-forward hidden units,
+                        attention heads and vocabulary cut across the processes, the rest replicated
 
-A placement across processes of another kind is one more ``Row`` in ``ROWS`` whose worker builds its
-``TrainStep`` in ``build_step``. Figures: ``capacity_params`` per row (with ``placement``), and
-``capacity_ratio_gpipe_k4`` (gpipe_k4's parameters over one_process_plain's); then the table a person
-reads.
+So one_process_plain and gpipe_k4 differ only in the placement (K stage processes and a trainer)
+and in micro-batches with remat. A placement across processes of another kind is one more ``Row``
+in ``ROWS`` whose worker builds its ``TrainStep`` in ``build_step``. Figures: ``capacity_params`` per
+row (with ``placement``, ``stopped_by`` and every process's peak), and ``capacity_ratio_gpipe_k4``
+(gpipe_k4's parameters over one_process_plain's); then the table a person reads.
 """
 
 from __future__ import annotations
@@ -33,14 +59,18 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 from tools.benchmarks import harness
 
-LADDER = [(4, 128), (4, 256), (8, 256), (8, 512), (16, 512), (16, 768), (24, 1024), (32, 1024), (48, 1024)]
+LADDER = [
+    (8, w)
+    for w in (128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1152, 1280, 1536, 1792, 2048)
+]
 QUICK_LADDER = [(4, 32), (8, 64)]  # 4 layers and more: a layer for each stage of gpipe_k4
-BASE = {"num_heads": 4, "seq_length": 32, "batch_size": 8, "warmup_steps": 1, "max_steps": 10}
+BASE = {"num_heads": 4, "seq_length": 128, "batch_size": 8, "warmup_steps": 1, "max_steps": 10}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +178,18 @@ def run_worker(spec: dict) -> int:
 
 
 # ------------------------------------------------------------------------------------------ driver
-def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float) -> dict:
-    """One size on one row: every process's result, or the error of the first that failed."""
+def _peak_mib(pid: int) -> float:
+    try:
+        return harness.peak_rss_bytes(pid) / 2**20
+    except (OSError, RuntimeError):  # the process has just ended
+        return 0.0
+
+
+def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float, budget_mib: float) -> dict:
+    """One size on one row: every process's result, or why it failed. A watchdog reads every
+    process's peak (VmHWM) twice a second and ends the trial as soon as one is over ``budget_mib``:
+    the size is over the budget whatever the remaining steps do, so a size that does not fit costs
+    only the time until its peak crosses the budget."""
     from tools import local_cluster
 
     spec_base = {"model": row.model, "bindings": bindings(row, layers, width), "mode": row.mode}
@@ -165,40 +205,56 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float) -
         stage_specs = [dict(spec_base, stage=True, task_index=k) for k in range(row.processes)]
     reporting = 1 if row.mode == "stages" else row.processes
     procs = []
-    try:
-        for spec in stage_specs + [dict(spec_base, task_index=i) for i in range(reporting)]:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tools.benchmarks.capacity", f"--worker={json.dumps(spec)}"],
-                    cwd=harness.REPO_ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
+    with tempfile.TemporaryDirectory(prefix="capacity_") as tmp:
+        try:
+            for i, spec in enumerate(stage_specs + [dict(spec_base, task_index=i) for i in range(reporting)]):
+                with open(f"{tmp}/{i}.out", "w") as out, open(f"{tmp}/{i}.err", "w") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "tools.benchmarks.capacity",
+                                f"--worker={json.dumps(spec)}",
+                            ],
+                            cwd=harness.REPO_ROOT,
+                            stdout=out,
+                            stderr=err,
+                        )
+                    )
+            deadline = time.monotonic() + timeout
+            reporters = procs[len(stage_specs) :]
+            while any(proc.poll() is None for proc in reporters):
+                peak, who = max(
+                    (_peak_mib(proc.pid), k) for k, proc in enumerate(procs) if proc.poll() is None
                 )
-            )
-        deadline = time.monotonic() + timeout
-        results = []
-        for proc in procs[len(stage_specs) :]:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if proc.returncode != 0 or not lines:
-                tail = (err.strip().splitlines() or ["(no output)"])[-1][:200]
-                return {"ok": False, "why": f"process exited {proc.returncode}: {tail}"}
-            results.append(json.loads(lines[-1]))
-        for proc in procs[: len(stage_specs)]:  # stage tasks serve until killed: their peak so far
-            if proc.poll() is not None:
-                return {"ok": False, "why": f"a stage task exited {proc.returncode}"}
-            results.append({"peak_rss_mib": harness.peak_rss_bytes(proc.pid) / 2**20, "finite": True})
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "why": f"not done within {timeout:g} s"}
-    finally:
-        for proc in procs:  # every process ends with the trial
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                if peak > budget_mib:
+                    name = f"process {who - len(stage_specs)}" if who >= len(stage_specs) else f"stage {who}"
+                    name = "the trainer" if stage_specs and who == len(stage_specs) else name
+                    return {"ok": True, "over": True, "why": f"{name}'s peak passed {peak:.0f} MiB"}
+                if time.monotonic() > deadline:
+                    return {"ok": False, "why": f"not done within {timeout:g} s"}
+                time.sleep(0.5)
+            results = []
+            for i, proc in enumerate(reporters, start=len(stage_specs)):
+                lines = [line for line in open(f"{tmp}/{i}.out").read().splitlines() if line.startswith("{")]
+                if proc.returncode != 0 or not lines:
+                    tail = (open(f"{tmp}/{i}.err").read().strip().splitlines() or ["(no output)"])[-1][:200]
+                    return {"ok": False, "why": f"process exited {proc.returncode}: {tail}"}
+                results.append(json.loads(lines[-1]))
+            for proc in procs[: len(stage_specs)]:  # stage tasks serve until killed: their peak so far
+                if proc.poll() is not None:
+                    return {"ok": False, "why": f"a stage task exited {proc.returncode}"}
+                results.append({"peak_rss_mib": _peak_mib(proc.pid), "finite": True})
+        finally:
+            for proc in procs:  # every process ends with the trial
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     peaks = [round(r["peak_rss_mib"], 1) for r in results]  # the reporting processes', then stages'
     return {
         "ok": all(r["finite"] for r in results),
+        "over": max(peaks) > budget_mib,
         "peak_rss_mib": max(peaks),
         "peaks_mib": peaks,
         "params": results[0]["params"],
@@ -206,20 +262,29 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float) -
 
 
 def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: float, verbose: bool) -> dict:
-    """The largest size of ``ladder`` that ``row`` trains within the budget (ladder order)."""
+    """The largest size of ``ladder`` that ``row`` trains within the budget. The ladder's sizes grow
+    (each needs at least the memory of the one before), so the climb gallops up (rungs 1, 2, 4, 8, ...
+    above the largest that fitted) until a size fails, then bisects between the two: a row whose
+    answer is rung n of the ladder costs about 2 log2(n) trials instead of n."""
     best = {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None}
-    for layers, width in ladder:
-        result = trial(row, layers, width, train_steps, timeout)
+    fits, fails, step, failure = -1, len(ladder), 1, None
+    while fails - fits > 1:
+        i = min(fits + step, fails - 1) if failure is None else (fits + fails) // 2
+        layers, width = ladder[i]
+        result = trial(row, layers, width, train_steps, timeout, budget_mib)
         if verbose:
             print(
                 f"capacity benchmark: {row.placement} {layers}x{width}: {result}", file=sys.stderr, flush=True
             )
-        if not result["ok"]:
-            best["stopped_by"] = f"{layers}x{width}: {result.get('why', 'a loss that is not finite')}"
-            break
-        if result["peak_rss_mib"] > budget_mib:
-            best["stopped_by"] = f"{layers}x{width}: peak {result['peak_rss_mib']:.0f} MiB over the budget"
-            break
+        if not result["ok"] or result["over"]:
+            fails = i
+            if not result["ok"]:
+                why = result.get("why", "a loss that is not finite")
+            else:
+                why = result.get("why", f"peak {result.get('peak_rss_mib', 0):.0f} MiB") + " over the budget"
+            failure = f"{layers}x{width}: {why}"
+            continue
+        fits, step = i, step * 2
         best = {
             "params": result["params"],
             "layers": layers,
@@ -227,8 +292,7 @@ def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: 
             "peak_rss_mib": result["peak_rss_mib"],
             "peaks_mib": result["peaks_mib"],
         }
-    else:
-        best["stopped_by"] = "the ladder's largest size fits: extend LADDER"
+    best["stopped_by"] = failure or "the ladder's largest size fits: extend LADDER"
     return best
 
 
@@ -236,7 +300,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.benchmark capacity", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--budget_mib", type=float, default=1200.0, help="Peak resident memory per process.")
+    parser.add_argument("--budget_mib", type=float, default=2000.0, help="Peak resident memory per process.")
     parser.add_argument("--train_steps", type=int, default=3, help="Steps each size must train.")
     parser.add_argument("--rows", default=",".join(r.placement for r in ROWS), help="Rows to measure.")
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one size may take.")
