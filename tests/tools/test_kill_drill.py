@@ -18,8 +18,10 @@ def test_short_kill_drill_ends_like_an_uninterrupted_run(tmp_path):
     data.mkdir()
     for name, count, seed in (("train", 256, 1), ("dev", 64, 2), ("test", 24, 3)):
         linear_experiment.write_data(str(data / f"{name}.npz"), count, seed)
+    # 15 saves: the 4 kills (at the first save, a third of the reference's time at most, just after a
+    # save, start-up) end well before step 1500, so the drill never finishes early.
     override = runner.data_override(data) + (
-        "; task.train.max_steps : 3000; task.train.save_interval_steps : 100; "
+        "; task.train.max_steps : 1500; task.train.save_interval_steps : 100; "
         "task.train.log_interval_steps : 100; task.train.summary_interval_steps : 100"
     )
     proc = subprocess.run(

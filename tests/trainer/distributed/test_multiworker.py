@@ -83,10 +83,10 @@ def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once
 @pytest.mark.slow
 def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
     logdir, single = tmp_path / "run", tmp_path / "one"
-    endless = cr.override(100000, 20)
+    endless = cr.override(100000, 10)
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={endless}"])
-        cr.wait_for(logdir / "train/ckpt-40.index", TIMEOUT, workers)
+        cr.wait_for(logdir / "train/ckpt-20.index", TIMEOUT, workers)
         workers[1].kill()
         code, out = procs.wait(workers[0], 60)  # the survivor stops on its own, within 60 s
         assert code == 1, out[-3000:]
@@ -96,7 +96,7 @@ def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
         )
         saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
 
-        _restart_equals_one_process(procs, logdir, single, saved, 20)
+        _restart_equals_one_process(procs, logdir, single, saved, 10)
 
 
 @pytest.mark.slow
@@ -109,7 +109,7 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
     close, so any difference left is the algorithm's: a replica's micro-batch must be the matching
     half of one process's micro-batch, normalised by the same statistics, with the same gradient.
     """
-    text = cr.override(20, 20, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
+    text = cr.override(10, 10, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
     logdir, single = tmp_path / "two", tmp_path / "one"
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [GPIPE, f"--logdir={logdir}", f"--params_override={text}"])
@@ -118,7 +118,7 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
             code, out = procs.wait(proc, TIMEOUT)
             assert code == 0, f"{proc.name}:\n{out[-3000:]}"
     assert "2 stages" in (logdir / "model_analysis.txt").read_text()
-    diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-20"), str(single / "train/ckpt-20"))
+    diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-10"), str(single / "train/ckpt-10"))
     assert count >= 12 and diff <= 1e-10, diff  # 1.1e-16 seen; float32 rounding alone is 1e-7
 
 
@@ -178,7 +178,10 @@ def test_sigterm_to_the_async_controller_saves_the_current_step_and_a_restart_re
 @pytest.mark.slow
 @pytest.mark.parametrize("signalled", [0, 1])
 def test_sigterm_to_a_sync_trainer_saves_the_current_step_and_a_restart_resumes(tmp_path, signalled):
-    """The trainers agree on SIGTERM at the next call of steps: all stop there, the chief saves it."""
+    """The trainers agree on SIGTERM at the next call of steps: all stop there, the chief saves it.
+
+    The chief writes the same checkpoint whichever trainer got the signal, so the restart (both
+    workers again, and one process from scratch, 3 more TensorFlow starts) runs in one case only."""
     logdir, single = tmp_path / "run", tmp_path / "one"
     endless = cr.override(100000, 100000, "task.train.log_interval_steps : 10")
     with cr.Procs(tmp_path) as procs:
@@ -203,4 +206,5 @@ def test_sigterm_to_a_sync_trainer_saves_the_current_step_and_a_restart_resumes(
         assert f"trainer: saved {ckpt}" in out0
         assert "Traceback" not in out0 + out1 and not (logdir / "train/LOCK").exists()
 
-        _restart_equals_one_process(procs, logdir, single, saved, 10)
+        if signalled == 1:
+            _restart_equals_one_process(procs, logdir, single, saved, 10)
