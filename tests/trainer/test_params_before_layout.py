@@ -20,7 +20,12 @@ from tests.trainer.runner import REPO, _env
 OLD = REPO / "tests" / "data" / "params_before_layout"
 # Params added to TensorPipe after those files were written, at their defaults (a run resumed with
 # such a file reports them as changes, as it should): appended, so what is compared is the move alone.
-ADDED_SINCE = "cluster.stage_job : ''\n"
+ADDED_SINCE = (  # params defined after the move, with their defaults
+    "cluster.stage_job : ''\n"
+    "task.body.sub[0].stage_layout_rules : ''\n"
+    "task.body.sub[0].stage_mesh_axis_names : []\n"
+    "task.body.sub[0].stage_mesh_shape : []\n"
+)
 
 
 def test_an_old_local_lm_params_txt_alone_builds_its_task_and_trains():
