@@ -263,9 +263,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.width, args.depth, args.batch, args.micro_batches = 64, 8, 64, 2  # M=K: the least graph
+        args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_depth, args.memory_batch = 256, 8, 16
-        args.steps, args.warmup = 2, 0
+        args.steps, args.warmup = 2, 1
     return args
 
 
