@@ -40,7 +40,7 @@ def test_quick_run_prints_one_json_line_per_figure():
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     names = sorted(line["name"] for line in lines)
-    assert names == ["memory", "one_f_one_b_memory", "one_f_one_b_memory", "overhead", "overhead"]
+    assert names == ["memory", "one_f_one_b_memory", "overhead", "overhead"]
     for line in lines:
         assert line["loadavg_1m"] >= 0
     overheads = {line["path"]: line for line in lines if line["name"] == "overhead"}
@@ -60,9 +60,10 @@ def test_quick_run_prints_one_json_line_per_figure():
     for side in ("pipeline", "plain"):
         live, traced = memory[f"{side}_live_peak_bytes"], memory[f"{side}_traced_peak_bytes"]
         assert memory["weight_bytes"] < live <= traced
-    # 1F1B against fill-drain, at M=8 and M=16, on the same stack with the loss in the last stage.
+    # 1F1B against fill-drain, at M=8 (--quick leaves out M=16: the same code), on the same stack with
+    # the loss in the last stage.
     schedules = {line["micro_batches"]: line for line in lines if line["name"] == "one_f_one_b_memory"}
-    assert sorted(schedules) == [8, 16]
+    assert sorted(schedules) == [8]
     for line in schedules.values():
         ratio = line["one_f_one_b_peak_bytes"] / line["fill_drain_peak_bytes"]
         assert line["value"] == pytest.approx(ratio, rel=1e-3)

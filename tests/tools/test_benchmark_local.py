@@ -35,4 +35,8 @@ def test_quick_speed_run_prints_both_sides_of_each_ratio():
     assert speed["value"] == pytest.approx(speed["backprop_step_s"] / speed["local_step_s"], rel=1e-3)
     gpipe = lines["speedup_vs_gpipe"]
     assert gpipe["value"] == pytest.approx(gpipe["gpipe_step_s"] / gpipe["local_step_s"], rel=1e-3)
+    overlap = lines["overlap"]
+    assert overlap["value"] == pytest.approx(
+        overlap["local_one_core_step_s"] / overlap["local_step_s"], rel=1e-3
+    )
     assert all("loadavg_1m" in line for line in lines.values())

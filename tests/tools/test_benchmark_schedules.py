@@ -73,3 +73,4 @@ def test_quick_run_prints_one_line_per_schedule():
     for line in lines:
         assert FIELDS <= set(line) and line["name"] == "schedule"
         assert line["step_s"] > 0 and line["predicted_step_s"] > 0 and line["loadavg_1m"] >= 0
+        assert line["micro_batches"] == schedules_benchmark.QUICK_MICRO_BATCHES

@@ -65,7 +65,7 @@ SCHEDULE_FIGURES = ("one_f_one_b_time", "simulator", "one_f_one_b_memory")  # _s
 FIGURES = (*SPEED_FIGURES, "overhead", "scaling", *MEMORY_FIGURES, *SCHEDULE_FIGURES, "bubble")
 DEFAULT_FIGURES = tuple(f for f in FIGURES if f != "bubble")
 BUBBLE_MICRO_BATCHES = (1, 2, 4, 8, 16)
-SCHEDULE_MICRO_BATCHES = (4, 8, 16)  # the simulator's; the 1F1B figures report 8 and 16
+SCHEDULE_MICRO_BATCHES = (4, 8, 16)  # the simulator's; the 1F1B figures report 8 and 16 (--quick: 4, 8)
 SCALING_STAGES = (2, 4, 8)
 
 
@@ -257,7 +257,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_layers, args.memory_seq_length, args.memory_batch = 16, 2, 16, 16
         args.schedule_memory_width, args.schedule_memory_batch = 64, 64
-        args.steps, args.warmup = 2, 1
+        # A smoke test: one timed round, no untimed step after the compiling one, and the schedule
+        # figures at one reported M (M=16 runs the same code as M=8): each worker costs a TF start.
+        args.steps, args.warmup = 1, 0
+    args.schedule_micro_batches = SCHEDULE_MICRO_BATCHES[:2] if args.quick else SCHEDULE_MICRO_BATCHES
     return args
 
 
@@ -435,7 +438,8 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
         "width": args.width, "depth": args.depth, "global_batch": args.batch, "activation": args.activation,
         "stages": k, "remat": "never", "loss": "in the last stage, per micro-batch",
     }  # fmt: skip
-    micro_batches = SCHEDULE_MICRO_BATCHES if "simulator" in figures else SCHEDULE_MICRO_BATCHES[1:]
+    all_micro_batches = args.schedule_micro_batches
+    micro_batches = all_micro_batches if "simulator" in figures else all_micro_batches[1:]
     if {"one_f_one_b_time", "simulator"} & set(figures):
         specs = {
             f"{schedule}_m{m}": {**base, "measure": "time", "schedule": schedule, "micro_batches": m}
@@ -458,7 +462,7 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
         t = harness.interleaved("gpipe", specs, args.steps, args.verbose)
         for m in micro_batches:
             fill, one = t[f"fill_drain_m{m}"]["best"], t[f"one_f_one_b_m{m}"]["best"]
-            if "one_f_one_b_time" in figures and m in SCHEDULE_MICRO_BATCHES[1:]:
+            if "one_f_one_b_time" in figures and m in all_micro_batches[1:]:
                 harness.emit(
                     "one_f_one_b_time", one / fill, micro_batches=m, target=1.05, one_f_one_b_step_s=one,
                     fill_drain_step_s=fill, **sizes,
@@ -480,7 +484,7 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
     if "one_f_one_b_memory" in figures:
         width, batch = args.schedule_memory_width, args.schedule_memory_batch
         sizes = {**sizes, "width": width, "global_batch": batch}
-        for m in SCHEDULE_MICRO_BATCHES[1:]:
+        for m in all_micro_batches[1:]:
             memory = {**base, "measure": "memory", "micro_batches": m, "width": width, "batch": batch}
             peaks = {
                 schedule: harness.run_once("gpipe", {**memory, "schedule": schedule}, args.verbose)

@@ -2,8 +2,9 @@
 
 One model for all: the gpipe benchmark's stack of dense layers (``--depth`` layers of ``--width``,
 relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 devices (one core each: 1
-intra-op thread, 2 inter-op threads, 2 logical CPU devices), M=8 micro-batches, remat never, the
-squared error computed per micro-batch in the last stage (a head, as the tasks do), trained by SGD.
+intra-op thread, 2 inter-op threads, 2 logical CPU devices), M=8 micro-batches (``--quick``: 4),
+remat never, the squared error computed per micro-batch in the last stage (a head, as the tasks do),
+trained by SGD.
 Per schedule (fill_drain, one_f_one_b, interleaved_1f1b with virtual_stages=2, zb_h1, zb_h2) one
 JSON line ``{"name": "schedule", "schedule": ..., "step_s": ..., "predicted_step_s": ...,
 "peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}`` (``value``: the step's
@@ -50,6 +51,7 @@ from typing import Any
 from tools.benchmarks import gpipe, harness
 
 NUM_DEVICES, NUM_MICRO_BATCHES = 2, 8
+QUICK_MICRO_BATCHES = 4  # --quick: every schedule still has a steady phase at K=2, in half the graph
 # (schedule, virtual_stages): the issue's five.
 SCHEDULES = (
     ("fill_drain", 1),
@@ -153,6 +155,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch, args.steps, args.warmup = 16, 4, 32, 1, 0
+    args.micro_batches = QUICK_MICRO_BATCHES if args.quick else NUM_MICRO_BATCHES
     if args.depth % (2 * NUM_DEVICES):
         parser.error(f"--depth must be a multiple of {2 * NUM_DEVICES} (K=2 devices x virtual_stages=2)")
     return args
@@ -178,7 +181,7 @@ def _total_held_peak(events: Any, weight: list[float]) -> float:
 def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     """Every side: the schedules' steps and peaks, the units' costs and held bytes. Three workers:
     the pipelines (2 cores), the unit costs (1 core), the peaks (the BFC allocator)."""
-    k, m = NUM_DEVICES, NUM_MICRO_BATCHES
+    k, m = NUM_DEVICES, args.micro_batches
     model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
     chunks = sorted({args.depth // (k * v) for _, v in SCHEDULES})
     unit_batch = args.batch // m
@@ -235,7 +238,7 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
     """One figure per schedule (the fields of its JSON line, without the load average)."""
     from layers.parallel.pipeline import simulator
 
-    k, m = NUM_DEVICES, NUM_MICRO_BATCHES
+    k, m = NUM_DEVICES, args.micro_batches
     times, peaks = measured["times"], measured["peaks"]
     widest = measured["chunks"][-1]
     alone = max(1.0, times[f"cost_{widest}_gradients"]["best"] / times["alone"]["best"])
