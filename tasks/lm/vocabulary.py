@@ -47,6 +47,18 @@ def vocab_params(size: int = 0, file: str = "", level: str = "word", type: str =
     return p
 
 
+def experiment_vocab(level: str, size: int, model_file: str, text_files: str) -> Params:
+    """A text experiment's vocabulary: at level ``sentencepiece`` the SentencePiece ``model_file``
+    (``size`` 0: its number of pieces), else one built from ``text_files`` at that level."""
+    if level == "sentencepiece":
+        if not size:
+            from tasks.lm.sentencepiece_vocab import model_size
+
+            size = model_size(model_file)
+        return vocab_params(size=size, file=model_file, type="sentencepiece")
+    return vocab_params(size=size, file=text_files, level=level)
+
+
 def read_lines(path: str, what: str, skip_empty: bool = True) -> list[str]:
     """Lines of a text file (local or any tf.io.gfile file system); missing -> UserError."""
     if not path:

@@ -20,7 +20,7 @@ from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
 from tasks.lm.input import BATCHINGS, CorpusLmInput, TextLmInput
-from tasks.lm.vocabulary import LEVELS, vocab_params
+from tasks.lm.vocabulary import LEVELS, experiment_vocab
 from tasks.transformer_experiment import TransformerLmExperiment
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
@@ -84,14 +84,7 @@ class TextTransformerLM(TransformerLmExperiment):
             )
         self.train_files, self.dev_files, self.file_format = train_files, dev_files, file_format
         self.level, self.batching = level, batching
-        if level == SUBWORD:
-            if not vocab_size:
-                from tasks.lm.sentencepiece_vocab import model_size
-
-                vocab_size = model_size(vocab_file)
-            self.vocab = vocab_params(size=vocab_size, file=vocab_file, type=SUBWORD)
-        else:
-            self.vocab = vocab_params(size=vocab_size, file=train_files, level=level)
+        self.vocab = experiment_vocab(level, vocab_size, vocab_file, train_files)
         self.prompt_length = prompt_length
         self.num_dev_samples = num_dev_samples
 

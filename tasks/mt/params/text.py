@@ -21,7 +21,7 @@ from params import registry
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.base_input import set_split_mode
-from tasks.lm.vocabulary import LEVELS, vocab_params
+from tasks.lm.vocabulary import LEVELS, experiment_vocab
 from tasks.mt.input import TextMtInput
 from tasks.transformer_experiment import TransformerMtExperiment
 
@@ -74,14 +74,7 @@ class Transformer(TransformerMtExperiment):
                 "or char, and max_length, model_dim, num_layers, batch_size >= 1"
             )
         self.train_file, self.dev_file = train_file, dev_file
-        if level == SUBWORD:
-            if not vocab_size:
-                from tasks.lm.sentencepiece_vocab import model_size
-
-                vocab_size = model_size(vocab_file)
-            self.vocab = vocab_params(size=vocab_size, file=vocab_file, type=SUBWORD)
-        else:
-            self.vocab = vocab_params(size=vocab_size, file=train_file, level=level)
+        self.vocab = experiment_vocab(level, vocab_size, vocab_file, train_file)
         self.max_length = max_length
         self.packing = packing
 
