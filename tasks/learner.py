@@ -120,6 +120,9 @@ def validate(p: Params) -> None:
 class Learner(tf.Module):
     """Learning-rate schedule + L2 + gradient clipping + optimizer, built from ``task.train`` Params."""
 
+    # The float32 scalars ``apply_gradients`` returns, in this order.
+    SUMMARY_NAMES = ("learning_rate", "grad_norm", "grad_scale")
+
     def __init__(self, params: Params, variables: Sequence[tf.Variable] | None = None) -> None:
         super().__init__(name="learner")
         validate(params)
@@ -201,4 +204,4 @@ class Learner(tf.Module):
             grad_scale = tf.constant(1.0, tf.float32)
         lr = self.learning_rate(step)
         self.optimizer.apply(grads, variables, lr, step)
-        return {"learning_rate": lr, "grad_norm": tf.cast(grad_norm, tf.float32), "grad_scale": grad_scale}
+        return dict(zip(self.SUMMARY_NAMES, (lr, tf.cast(grad_norm, tf.float32), grad_scale)))

@@ -46,7 +46,7 @@ def compiled_decode(task: BaseTask) -> Callable[[dict, tf.Tensor], dict]:
         ctx = FPropContext(training=False, step=step, seed=task.params.random_seed)
         return task.decode(ctx, batch)
 
-    return tf.function(decode)
+    return tracing.graph_function(decode)
 
 
 def decode_all(

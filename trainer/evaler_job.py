@@ -30,7 +30,7 @@ def compiled_batch_metrics(task: BaseTask) -> Callable[[dict, tf.Tensor], dict]:
             out[name] = (tf.cast(tf.reshape(value, []), tf.float64) * weight, weight)
         return out
 
-    return tf.function(weighted)
+    return tracing.graph_function(weighted)
 
 
 def weighted_means(batch_metrics: Callable, batches: Iterable[dict], step: int) -> dict[str, float]:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from params.hyperparams import Params
-from trainer import signals
+from trainer import signals, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.distributed import roles, strategies
 
@@ -91,7 +91,7 @@ class OnDevice:
     # --------------------------------------------------------------------------- running steps
     def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
         """``run(n)``: up to ``n`` steps; (all finite, outputs of the last step run)."""
-        compiled = tf.function(step.run_steps)
+        compiled = tracing.graph_function(lambda n: step.run_steps(n, traced=True))
         return lambda n: compiled(tf.constant(n, tf.int32))
 
     def checkpointer(self, train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
@@ -157,7 +157,7 @@ class Replicas(OnDevice):
         return loss, grads, values
 
     def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
-        compiled = tf.function(lambda n: self.strategy.run(step.run_steps, args=(n,)))
+        compiled = tracing.graph_function(lambda n: self.strategy.run(step.run_steps, args=(n,)))
         return lambda n: compiled(tf.constant(n, tf.int32))
 
     def restored(self, step: TrainStep, at_step: int) -> None:

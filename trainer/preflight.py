@@ -69,7 +69,7 @@ def _trace_forward(root: Params) -> None:
         return task.fprop(FPropContext(training=True, step=step, seed=seed), batch)
 
     with tracing.user_errors():
-        tf.function(forward).get_concrete_function(spec)
+        tracing.graph_function(forward).get_concrete_function(spec)
 
 
 def name_the_key(root: Params, message: str) -> str:

@@ -49,10 +49,10 @@ class TrainStep:
             self.learner = Learner(task_params.train, self._variables)
         self._seed = self.task.params.random_seed
         self._task_params = task_params
-        self.zero_outputs = self._output_zeros()
+        self.traced_step, self.zero_outputs = self._trace_step()
         self._run = placement.compile(self)
-        self._weights_finite = tf.function(self._all_finite)
-        self._grads = tf.function(self._loss_and_grads)
+        self._weights_finite = tracing.graph_function(self._all_finite)
+        self._grads = tracing.graph_function(self._loss_and_grads)
 
     @property
     def batch_size(self) -> int:
@@ -93,44 +93,43 @@ class TrainStep:
         self.global_step.assign_add(1)
         return {name: tf.cast(tf.reshape(value, []), tf.float32) for name, value in out.items()}
 
-    def _output_zeros(self) -> dict[str, dict[str, tf.Tensor]]:
-        """Zeros shaped like one step's outputs (the loop's initial value and a skipped step's result),
-        from a trace of the step that is never run."""
-
-        def probe(*batch: dict) -> dict[str, dict[str, tf.Tensor]]:
-            _, grads, ctx, values = self._forward_backward(*batch)
-            return {"task": values, "learner": self._apply(grads, ctx)}
-
+    def _trace_step(self) -> tuple[tf.types.experimental.ConcreteFunction, dict]:
+        """One step traced and not yet run, and zeros shaped like its outputs (the loop's initial
+        value and a skipped step's result). A placement whose loop runs in the context the step was
+        traced in (``OnDevice.compile``) loops this traced step rather than tracing it again: for a
+        GPipe model, tracing is most of the time a trainer takes to start."""
         with tracing.user_errors():
             args = self.placement.probe_args(self)
-            spec = tf.function(probe).get_concrete_function(*args).structured_outputs
+            traced = tracing.graph_function(self.guarded_step).get_concrete_function(*args)
+        spec = traced.structured_outputs[1]
         clash = set(spec["task"]) & (set(spec["learner"]) | set(RESERVED_SUMMARY_NAMES))
         if clash:
             raise ConfigError(
                 f"{type(self.task).__name__}: metric name(s) {sorted(clash)} clash with the trainer's "
                 "own summaries"
             )
-        return tf.nest.map_structure(lambda t: tf.zeros([], t.dtype), spec)
+        return traced, tf.nest.map_structure(lambda t: tf.zeros([], t.dtype), spec)
 
     def guarded_step(self, batch: dict | None = None) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
         """One step on ``batch`` (None: the next from ``iterator``): (loss finite, outputs); a step
         whose loss is not finite changes nothing. Async training schedules this on the workers."""
         loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
-        learner_out = tf.cond(
-            finite, lambda: self._apply(grads, ctx), lambda: dict(self.zero_outputs["learner"])
-        )
+        skipped = {name: tf.zeros([], tf.float32) for name in Learner.SUMMARY_NAMES}
+        learner_out = tf.cond(finite, lambda: self._apply(grads, ctx), lambda: skipped)
         return finite, {"task": values, "learner": learner_out}
 
-    def run_steps(self, num_steps: tf.Tensor) -> StepOutputs:
+    def run_steps(self, num_steps: tf.Tensor, traced: bool = False) -> StepOutputs:
         """Up to ``num_steps`` steps in one tf.while_loop (a placement compiles it), stopping after
-        the first whose loss is not finite."""
+        the first whose loss is not finite. ``traced``: loop the step traced at construction (the
+        loop is traced in the same context, e.g. not in a replica's), else trace it in the loop."""
+        one_step = self.traced_step if traced else self.guarded_step
 
         def cond(i, finite, outputs):
             return tf.logical_and(i < num_steps, finite)
 
         def body(i, finite, outputs):
-            finite, outputs = self.guarded_step()
+            finite, outputs = one_step()
             return i + 1, finite, outputs
 
         _, finite, outputs = tf.while_loop(
@@ -157,7 +156,7 @@ class TrainStep:
             return loss
 
         with tracing.user_errors():
-            return tf.function(one_step).get_concrete_function().graph
+            return tracing.graph_function(one_step).get_concrete_function().graph
 
     def gradients_function(self):
         """A compiled forward and backward pass on the next train batch that updates nothing: returns
@@ -168,7 +167,7 @@ class TrainStep:
                 loss, grads, _, _ = self._forward_backward()
             return loss, [g for g in grads if g is not None]
 
-        return tf.function(forward_backward)
+        return tracing.graph_function(forward_backward)
 
     # ---------------------------------------------------------------------------------- checks
     def weights_finite(self) -> tf.Tensor:

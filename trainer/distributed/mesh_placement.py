@@ -31,7 +31,7 @@ from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import tf_compat
+from trainer import tf_compat, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.placement import OnDevice, StepOutputs
 from trainer.train_step import TrainStep
@@ -134,7 +134,7 @@ class MeshPlacement(OnDevice):
     def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
         """Up to ``n`` compiled steps, one batch copied onto the mesh before each; stops at the first
         non-finite loss (that step changes nothing). Outputs are regular (host) tensors."""
-        compiled = tf.function(step.guarded_step)
+        compiled = tracing.graph_function(step.guarded_step)
 
         def run(num_steps: int) -> StepOutputs:
             finite, outputs = tf.constant(True), step.zero_outputs

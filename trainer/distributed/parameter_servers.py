@@ -26,6 +26,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from params.hyperparams import Params
+from trainer import tracing
 from trainer.distributed import peers, roles, strategies
 from trainer.open_logdir import open_logdir
 from trainer.placement import OnDevice, StepOutputs
@@ -95,7 +96,7 @@ class ParameterServers(OnDevice):
 
         iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 
-        @tf.function
+        @tracing.graph_function
         def worker_step(iterator):
             return self.strategy.run(step.guarded_step, args=(next(iterator),))
 
