@@ -36,12 +36,12 @@ side's best step counts (load only ever adds time).
   weighing what its forward keeps for the backward (``held_bytes``: the stage's input and each
   layer's output) from its forward's start to the end of its last backward unit (B or W); under the
   zero-bubble schedules, from the end of its I to the end of its W, what W reads instead
-  (``weight_held_bytes``: each layer's input and output gradient, and the last layer's output); and
+  (``weight_held_bytes``: each layer's input and the gradient of its product); and
   each stage's weight-gradient sums (``sums_bytes``) from the end of its first B or W on. The most
   held at one instant, summed over both devices (as measured). ``predicted_peak_per_device_bytes``:
   each device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
   device, 1F1B K - d on device d; in bytes ZB-H1's first device holds more than 1F1B's here, since a
-  dense layer's W reads its input and its output gradient, nearly twice what its forward keeps).
+  dense layer's W reads its input and its product's gradient, nearly twice what its forward keeps).
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ def held_bytes(depth: int, rows: int, width: int) -> int:
 
 def weight_held_bytes(depth: int, rows: int, width: int) -> int:
     """What it keeps from its I to its W (zero-bubble schedules): what W reads, each layer's input
-    and output gradient, and the last layer's output (W takes the relu's gradient again from it)."""
-    return (2 * depth + 1) * rows * width * 4
+    and the gradient of its product (the executor's cut: the relu's gradient was taken by I)."""
+    return 2 * depth * rows * width * 4
 
 
 def sums_bytes(depth: int, width: int) -> int:
