@@ -36,6 +36,19 @@ def test_total_held_peak_sums_the_devices_at_one_instant():
     ]
     # Stage 0 holds 1 from 0 to 6, stage 1 holds 10 from 1 to 4: both at once from 1 to 4.
     assert schedules_benchmark._total_held_peak(evs, [1.0, 10.0]) == 11.0
+    # Weight-gradient sums from the end of each stage's B: stage 1's 5 from 4, stage 0's 7 from 6,
+    # when stage 0's activation (1) is released: 5 + 7.
+    assert schedules_benchmark._total_held_peak(evs, [1.0, 10.0], sums=[0.0, 5.0]) == 11.0
+    assert schedules_benchmark._total_held_peak(evs, [1.0, 10.0], sums=[7.0, 5.0]) == 12.0
+
+
+def test_zero_bubble_schedules_hold_what_w_reads_between_i_and_w():
+    """A stage of 4 dense layers on 512 rows of 512: 5 MiB from F to I (its input and each layer's
+    output), 8 MiB from I to W (each layer's input and the gradient of its product)."""
+    mib = 2**20
+    assert schedules_benchmark.held_bytes(4, 512, 512) == 5 * mib
+    assert schedules_benchmark.weight_held_bytes(4, 512, 512) == 8 * mib
+    assert schedules_benchmark.sums_bytes(4, 512) == 4 * (512 * 512 + 512) * 4
 
 
 def test_figures_from_measured_costs_have_the_issue_fields():

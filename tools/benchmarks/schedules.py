@@ -34,10 +34,14 @@ side's best step counts (load only ever adds time).
   ops' temporaries, not only the activations.
 - ``predicted_peak_activation_bytes``: the simulated step (above), every (stage, micro-batch)
   weighing what its forward keeps for the backward (``held_bytes``: the stage's input and each
-  layer's output), held from its forward's start to the end of its last backward unit (B or W); the
-  most held at one instant, summed over both devices. ``predicted_peak_per_device_bytes``: each
-  device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
-  device, 1F1B K - d on device d, so their peaks per device are equal and their sums are not).
+  layer's output) from its forward's start to the end of its last backward unit (B or W); under the
+  zero-bubble schedules, from the end of its I to the end of its W, what W reads instead
+  (``weight_held_bytes``: each layer's input and the gradient of its product); and
+  each stage's weight-gradient sums (``sums_bytes``) from the end of its first B or W on. The most
+  held at one instant, summed over both devices (as measured). ``predicted_peak_per_device_bytes``:
+  each device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
+  device, 1F1B K - d on device d; in bytes ZB-H1's first device holds more than 1F1B's here, since a
+  dense layer's W reads its input and its product's gradient, nearly twice what its forward keeps).
 """
 
 from __future__ import annotations
@@ -161,12 +165,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _total_held_peak(events: Any, weight: list[float]) -> float:
+def _total_held_peak(
+    events: Any,
+    weight: list[float],
+    after_input: list[float] | None = None,
+    sums: list[float] | None = None,
+) -> float:
     """The most bytes held at one instant, summed over the devices (they share one allocator)."""
     from layers.parallel.pipeline import schedule as schedules
 
     changes = []
-    for row in schedules.held_over_time(events, weight):
+    for row in schedules.held_over_time(events, weight, after_input, sums):
         previous = 0.0
         for t, level in row:
             changes.append((t, level - previous))
@@ -234,6 +243,18 @@ def held_bytes(depth: int, rows: int, width: int) -> int:
     return (depth + 1) * rows * width * 4
 
 
+def weight_held_bytes(depth: int, rows: int, width: int) -> int:
+    """What it keeps from its I to its W (zero-bubble schedules): what W reads, each layer's input
+    and the gradient of its product (the executor's cut: the relu's gradient was taken by I)."""
+    return 2 * depth * rows * width * 4
+
+
+def sums_bytes(depth: int, width: int) -> int:
+    """The stage's weight-gradient sums over micro-batches (kernel and bias per layer, float32),
+    alive from its first weight gradient to the update."""
+    return depth * (width * width + width) * 4
+
+
 def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """One figure per schedule (the fields of its JSON line, without the load average)."""
     from layers.parallel.pipeline import simulator
@@ -264,8 +285,13 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
         step = times[name]["best"]
         peak = peaks[name]["peak_bytes"] - peaks[name]["resident_bytes"]
         held = held_bytes(depth, args.batch // m, args.width)
-        predicted_peak = _total_held_peak(prediction.events, [float(held)] * stages)
-        per_device = simulator.schedules.peak_held(prediction.events, [float(held)] * stages)
+        weights = (
+            [float(held)] * stages,
+            [float(weight_held_bytes(depth, args.batch // m, args.width))] * stages,
+            [float(sums_bytes(depth, args.width))] * stages,
+        )
+        predicted_peak = _total_held_peak(prediction.events, *weights)
+        per_device = simulator.schedules.peak_held(prediction.events, *weights)
         out.append(
             {
                 "name": "schedule",
@@ -286,6 +312,8 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
                 },
                 "alone_speedup": round(alone, 4),
                 "held_bytes_per_micro_batch": held,
+                "held_bytes_input_to_weight": int(weights[1][0]),
+                "gradient_sums_bytes_per_stage": int(weights[2][0]),
                 "predicted_peak_per_device_bytes": [int(b) for b in per_device],
                 "allocator_peak_bytes": int(peaks[name]["peak_bytes"]),
                 "resident_bytes": int(peaks[name]["resident_bytes"]),

@@ -10,10 +10,13 @@ between units explicitly (a hand-off to another device is an identity placed the
 A stage is a sequence of segments (its layers, and in the last stage the head). A forward keeps,
 per segment, a ``tf.GradientTape`` with its inputs and outputs (remat: only the stage's input; R
 records the tapes again, after the output gradient has arrived). I walks the segments backwards
-from the output gradient to the stage's input gradient, keeping each segment's output gradient;
-W then asks each segment's tape for its weights' gradient alone (a layer's weight gradient needs
-only that layer's input and output gradient, so W repeats no matrix product of I); B does both in
-one go. The weight gradients are summed over micro-batches as the W (or B) units come.
+from the output gradient to the stage's input gradient, keeping each segment's output gradient and
+the gradients at its cut: the outputs of the ops that first combine a weight with the activations
+(a dense layer's product and bias sum), found in the traced graph; W then asks each segment's tape
+for its weights' gradient from the cut (a dense layer's: its input times the product's gradient), so
+it repeats nothing of I and keeps neither the layer's output nor its output gradient alive (without
+a clean cut, e.g. eagerly, W starts from the segment's output gradient); B does both in one go. The
+weight gradients are summed over micro-batches as the W (or B) units come.
 
 The whole pipeline is one ``tf.custom_gradient`` op, so the executor, not the tape, owns the
 backward order. Two ways to run it, chosen from the schedule:
@@ -49,6 +52,7 @@ from params.errors import ConfigError
 Segment = Callable[[FPropContext, Any], Any]
 SUMS_SCOPE = "weight_gradient_sums"  # the name scope of the sums over micro-batches
 _GRADIENT_KINDS = (schedules.BACKWARD, schedules.BACKWARD_INPUT)
+_MAX_SEGMENT_OPS = 2000  # the most ops the weight gradient's cut looks through in one segment
 
 
 def runs_forwards_after_backwards(schedule: schedules.Schedule) -> bool:
@@ -71,6 +75,12 @@ class _Piece:
     inputs: list[tf.Tensor]
     outputs: list[tf.Tensor]
     output_grads: list[Any] | None = None
+    # Per watched variable, the outputs of the ops that first combine it with the activations (a
+    # dense layer's product and bias sum): I takes their gradients, and W needs only those and the
+    # products' other inputs, not the layer's outputs and output gradients. None: W starts from the
+    # segment's outputs.
+    frontier: list[tuple[tf.Variable, list[tf.Tensor]]] | None = None
+    frontier_grads: list[Any] | None = None
 
 
 class PipelineExecutor:
@@ -310,7 +320,9 @@ class _Step:
                 grads = [None] * len(sources)
                 continue
             ys, gs = zip(*pairs)
-            grads = piece.tape.gradient(list(ys), sources, output_gradients=list(gs))
+            cut = [t for _, ts in piece.frontier or [] for t in ts]
+            grads = piece.tape.gradient(list(ys), sources + cut, output_gradients=list(gs))
+            grads, piece.frontier_grads = grads[: len(sources)], grads[len(sources) :]
         self.in_grads[(s, m)] = list(grads)
         return list(grads)
 
@@ -326,8 +338,12 @@ class _Step:
             ]
             if not variables or not pairs:
                 continue
-            ys, gs = zip(*pairs)
-            grads = piece.tape.gradient(list(ys), variables, output_gradients=list(gs))
+            if piece.frontier is not None and piece.frontier_grads is not None:
+                grads = _frontier_weight_grads(piece)
+                variables = [v for v, _ in piece.frontier]
+            else:
+                ys, gs = zip(*pairs)
+                grads = piece.tape.gradient(list(ys), variables, output_gradients=list(gs))
             with tf.name_scope(SUMS_SCOPE):  # the sums belong to no one micro-batch
                 for v, g in zip(variables, grads):
                     if g is None:
@@ -377,7 +393,8 @@ class _Step:
                 x = segment(ctx, x)
             flat_out = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
             x = tf.nest.pack_sequence_as(x, flat_out)
-            pieces.append(_Piece(tape, flat_in, flat_out))
+            frontier = None if self.ex.meshes else _weight_frontier(tape, flat_in, flat_out)
+            pieces.append(_Piece(tape, flat_in, flat_out, frontier=frontier))
         return [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)], x
 
     def _gradient_in(self, s: int, m: int) -> list[Any]:
@@ -559,6 +576,123 @@ def concat_with_grad_on(device: str | None, parts: list[tf.Tensor], axis: int) -
         return tf.concat(parts, axis=axis), grad
 
     return concat(*parts)
+
+
+# ------------------------------------------------------------------------- the weight gradient's cut
+def _weight_frontier(
+    tape: tf.GradientTape, inputs: list[tf.Tensor], outputs: list[tf.Tensor]
+) -> list[tuple[tf.Variable, list[tf.Tensor]]] | None:
+    """Per variable the segment watched, the outputs of the ops that first combine it with the
+    segment's inputs (read from the traced graph: public ``Tensor.op`` / ``Operation.inputs``). None
+    (W then starts from the segment's outputs) in eager mode, or where a cut would not be clean: a
+    variable the graph does not show, a combining op with several outputs, or one combining op of a
+    variable feeding another of the same variable (its gradient would count twice)."""
+    variables = list(tape.watched_variables())
+    if tf.executing_eagerly() or not variables or not outputs:
+        return None
+    graph = outputs[0].graph
+    handles = {id(ext): internal for ext, internal in getattr(graph, "captures", [])}
+    owner: dict[str, int] = {}
+    for i, v in enumerate(variables):
+        handle = getattr(v, "handle", None)
+        internal = handles.get(id(handle))
+        if internal is None:
+            return None
+        owner[internal.name] = i
+    starts = {t.name for t in inputs}
+    ops: dict[str, tf.Operation] = {}  # the segment: the outputs' ancestors back to its inputs
+    stack = [t.op for t in outputs if t.name not in starts]
+    while stack:
+        op = stack.pop()
+        if op.name in ops:
+            continue
+        ops[op.name] = op
+        if len(ops) > _MAX_SEGMENT_OPS:  # not one layer's forward (a seed from the backward?): no cut
+            return None
+        stack += [t.op for t in op.inputs if t.name not in starts]
+    active: dict[str, bool] = {}  # op -> computed from the segment's inputs
+    reads: dict[str, frozenset[int]] = {}  # op -> the variables it is computed from, inputs aside
+    for op in ops.values():
+        _classify(op, ops, starts, owner, active, reads)
+    combining: dict[int, list[tf.Operation]] = {i: [] for i in range(len(variables))}
+    for op in ops.values():
+        if not active[op.name]:
+            continue
+        direct = {owner[t.name] for t in op.inputs if t.name in owner}
+        for t in op.inputs:
+            if t.op.name in ops and not active[t.op.name]:
+                direct |= reads[t.op.name]
+        for i in direct:
+            combining[i].append(op)
+    out = []
+    for i, v in enumerate(variables):
+        cut = combining[i]
+        if not cut or any(len(op.outputs) != 1 or not op.outputs[0].dtype.is_floating for op in cut):
+            return None
+        if len(cut) > 1 and any(_feeds(a, b, ops) for a in cut for b in cut if a is not b):
+            return None
+        out.append((v, [op.outputs[0] for op in cut]))
+    return out
+
+
+def _classify(
+    op: tf.Operation,
+    ops: dict[str, tf.Operation],
+    starts: set[str],
+    owner: dict[str, int],
+    active: dict[str, bool],
+    reads: dict[str, frozenset[int]],
+) -> None:
+    """Fills ``active`` (computed from the segment's inputs) and ``reads`` (the variables an inactive
+    op is computed from) for ``op`` and its ancestors in ``ops``, inputs first."""
+    order = [op]
+    while order:
+        top = order[-1]
+        pending = [t.op for t in top.inputs if t.op.name in ops and t.op.name not in active]
+        if pending:
+            order += pending
+            continue
+        order.pop()
+        if top.name in active:
+            continue
+        active[top.name] = any(t.name in starts or active.get(t.op.name, False) for t in top.inputs)
+        found: set[int] = set()
+        for t in top.inputs:
+            if t.name in owner:
+                found.add(owner[t.name])
+            elif t.op.name in ops and not active[t.op.name]:
+                found |= reads[t.op.name]
+        reads[top.name] = frozenset(found)
+
+
+def _feeds(a: tf.Operation, b: tf.Operation, ops: dict[str, tf.Operation]) -> bool:
+    """Whether ``a`` is an ancestor of ``b`` inside the segment ``ops``."""
+    seen, stack = set(), [t.op for t in b.inputs]
+    while stack:
+        op = stack.pop()
+        if op is a:
+            return True
+        if op.name in seen or op.name not in ops:
+            continue
+        seen.add(op.name)
+        stack += [t.op for t in op.inputs]
+    return False
+
+
+def _frontier_weight_grads(piece: _Piece) -> list[Any]:
+    """W from the cut: each variable's gradient from its combining ops' output gradients (which I
+    took), reading only their other inputs (a dense layer's input)."""
+    grads, at = [], 0
+    for v, ts in piece.frontier or []:
+        gs = list((piece.frontier_grads or [])[at : at + len(ts)])
+        at += len(ts)
+        pairs = [(t, g) for t, g in zip(ts, gs) if g is not None]
+        if not pairs:
+            grads.append(None)
+            continue
+        ys, dys = zip(*pairs)
+        grads.append(piece.tape.gradient(list(ys), v, output_gradients=list(dys)))
+    return grads
 
 
 # ----------------------------------------------------------------------------------------- helpers

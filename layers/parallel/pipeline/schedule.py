@@ -205,10 +205,10 @@ def _interleaved(d: int, k: int, m: int, v: int) -> list[Op]:
 
 
 def _zero_bubble(k: int, m: int, h2: bool) -> list[list[Op]]:
-    """ZB-H1 / ZB-H2 by a greedy walk in unit time (F = I = W = 1). Device d first runs forwards while
-    fewer than ``warm`` (K - d; H2: 2(K - d) - 1) micro-batches wait for their I, as 1F1B warms up;
-    then, in this priority, an I whose gradient has arrived, a forward while it holds fewer than
-    ``limit`` micro-batches between forward and W (K, 1F1B's peak; H2: 2K - 1), a pending W."""
+    """ZB-H1 / ZB-H2 by a greedy walk in unit time (F = I = W = 1). Device d first runs ``warm``
+    forwards (K - d, as 1F1B warms up; H2: 2(K - d) - 1) and no more before its first I (Qi et al.,
+    2023); then, in this priority, an I whose gradient has arrived, a forward while it holds fewer
+    than ``limit`` micro-batches between forward and W (K, 1F1B's peak; H2: 2K - 1), a pending W."""
     limit = 2 * k - 1 if h2 else k
     warm = [2 * (k - d) - 1 if h2 else k - d for d in range(k)]
     done: set[Op] = set()
@@ -221,7 +221,10 @@ def _zero_bubble(k: int, m: int, h2: bool) -> list[list[Op]]:
             grad_in = Op(d, i, FORWARD) if d == k - 1 else Op(d + 1, i, BACKWARD_INPUT)
             ready = {
                 BACKWARD_INPUT: i < f and grad_in in done,
-                FORWARD: f < m and f - w < limit and (d == 0 or Op(d - 1, f, FORWARD) in done),
+                FORWARD: f < m
+                and f - w < limit
+                and (i > 0 or f < warm[d])  # 1F1B's warm-up: no more forwards before the first I
+                and (d == 0 or Op(d - 1, f, FORWARD) in done),
                 BACKWARD_WEIGHT: w < i,
             }
             priority = (FORWARD, BACKWARD_INPUT) if f - i < warm[d] else (BACKWARD_INPUT, FORWARD)
@@ -411,26 +414,49 @@ def bubble(evs: Sequence[Event]) -> float:
 
 
 def held_over_time(
-    evs: Sequence[Event], weight: Sequence[float] | None = None
+    evs: Sequence[Event],
+    weight: Sequence[float] | None = None,
+    after_input: Sequence[float] | None = None,
+    sums: Sequence[float] | None = None,
 ) -> list[list[tuple[float, float]]]:
     """Per device, (time, level) steps of what it holds: a (stage, micro-batch) is held from its
     forward's start to the end of its last backward unit (B, or W), weighted by ``weight[stage]``
-    (default 1: a count)."""
+    (default 1: a count).
+
+    With ``after_input``, a micro-batch whose backward is split weighs ``after_input[stage]`` from
+    the end of its I to the end of its W instead: what W reads (for a dense layer, its input and its
+    output gradient) rather than what the forward kept. With ``sums``, ``sums[stage]`` (the stage's
+    weight-gradient sums over micro-batches) is held from the end of the stage's first B or W on."""
     rows = max(e.row for e in evs) + 1
     last_backward: dict[tuple[int, int], Event] = {}
+    input_end: dict[tuple[int, int], float] = {}
+    first_sum: dict[int, Event] = {}
     for e in evs:
+        key = (e.stage, e.micro_batch)
         if e.kind in (BACKWARD, BACKWARD_WEIGHT):
-            key = (e.stage, e.micro_batch)
             if key not in last_backward or e.end > last_backward[key].end:
                 last_backward[key] = e
+            if e.stage not in first_sum or e.end < first_sum[e.stage].end:
+                first_sum[e.stage] = e
+        if e.kind == BACKWARD_INPUT:
+            input_end[key] = e.end
     changes: list[list[tuple[float, float]]] = [[] for _ in range(rows)]
     for e in evs:
-        if e.kind == FORWARD:
-            w = 1.0 if weight is None else float(weight[e.stage])
-            changes[e.row].append((e.start, w))
-            end = last_backward.get((e.stage, e.micro_batch))
-            if end is not None:
-                changes[e.row].append((end.end, -w))
+        if e.kind != FORWARD:
+            continue
+        key = (e.stage, e.micro_batch)
+        w = 1.0 if weight is None else float(weight[e.stage])
+        changes[e.row].append((e.start, w))
+        end = last_backward.get(key)
+        if end is None:
+            continue
+        if after_input is not None and key in input_end and end.kind == BACKWARD_WEIGHT:
+            a = float(after_input[e.stage])
+            changes[e.row].append((input_end[key], a - w))
+            w = a
+        changes[e.row].append((end.end, -w))
+    for stage, e in first_sum.items() if sums is not None else ():
+        changes[e.row].append((e.end, float(sums[stage])))
     out = []
     for row in changes:
         level, steps = 0.0, []
@@ -448,9 +474,15 @@ def peak_in_flight(evs: Sequence[Event]) -> list[int]:
     return [int(round(max([lv for _, lv in steps] + [0.0]))) for steps in held_over_time(evs)]
 
 
-def peak_held(evs: Sequence[Event], weight: Sequence[float]) -> list[float]:
-    """Per device, the most ``weight[stage]`` (e.g. activation bytes) it holds at once."""
-    return [max([lv for _, lv in steps] + [0.0]) for steps in held_over_time(evs, weight)]
+def peak_held(
+    evs: Sequence[Event],
+    weight: Sequence[float],
+    after_input: Sequence[float] | None = None,
+    sums: Sequence[float] | None = None,
+) -> list[float]:
+    """Per device, the most bytes it holds at once (``held_over_time``'s weights, e.g. activation
+    bytes per stage and micro-batch)."""
+    return [max([lv for _, lv in steps] + [0.0]) for steps in held_over_time(evs, weight, after_input, sums)]
 
 
 def theoretical_bubble(num_stages: int, num_micro_batches: int, virtual_stages: int = 1) -> float:

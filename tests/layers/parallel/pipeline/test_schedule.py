@@ -209,6 +209,48 @@ def test_zb_h1_bubble_is_the_closed_form_at_one_f_one_b_memory(k, m, w):
     assert ps.step_time(h2) <= ps.step_time(evs) + 1e-9
 
 
+@pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 4, 8, 16) if m >= k])
+def test_zb_h1_warms_up_as_one_f_one_b_and_holds_k_on_every_device(k, m):
+    """Qi et al. 2023, ZB-H1: device d runs 1F1B's K - d forwards before its first I, then delays W
+    so that every device holds K micro-batches (forward started, W not finished): the first device's,
+    1F1B's peak, is never exceeded."""
+    sched = ps.build("zb_h1", k, m)
+    for d, order in enumerate(sched.orders):
+        first_input = next(i for i, op in enumerate(order) if op.kind == ps.BACKWARD_INPUT)
+        assert [op.kind for op in order[:first_input]] == [ps.FORWARD] * (k - d)
+    assert ps.peak_in_flight(ps.events("zb_h1", k, m)) == [k] * k
+
+
+def _split_events() -> list[ps.Event]:
+    """Two devices, one micro-batch: F0 [0, 1], F1 [1, 2], I1 [2, 3], I0 [3, 4], W1 [3, 5], W0 [4, 6]."""
+    f, i, w = ps.FORWARD, ps.BACKWARD_INPUT, ps.BACKWARD_WEIGHT
+    return [
+        ps.Event(0, 1, 0, 0, f, 0),
+        ps.Event(1, 2, 1, 0, f, 1),
+        ps.Event(2, 3, 1, 0, i, 1),
+        ps.Event(3, 4, 0, 0, i, 0),
+        ps.Event(3, 5, 1, 0, w, 1),
+        ps.Event(4, 6, 0, 0, w, 0),
+    ]
+
+
+def test_held_after_input_weighs_what_w_reads_and_sums_stay_from_the_first_w():
+    evs = _split_events()
+    assert ps.held_over_time(evs, [5.0, 5.0]) == [[(0, 5.0), (6, 0.0)], [(1, 5.0), (5, 0.0)]]
+    # From the end of its I to the end of its W a micro-batch weighs 9 (inputs and output gradients).
+    held = ps.held_over_time(evs, [5.0, 5.0], after_input=[9.0, 9.0])
+    assert held == [[(0, 5.0), (4, 9.0), (6, 0.0)], [(1, 5.0), (3, 9.0), (5, 0.0)]]
+    # The weight-gradient sums (8, 3) stay from the end of the stage's first W (released first).
+    held = ps.held_over_time(evs, [5.0, 5.0], [9.0, 9.0], sums=[8.0, 3.0])
+    assert held == [[(0, 5.0), (4, 9.0), (6, 0.0), (6, 8.0)], [(1, 5.0), (3, 9.0), (5, 0.0), (5, 3.0)]]
+    assert ps.peak_held(evs, [5.0, 5.0], [9.0, 9.0], sums=[10.0, 3.0]) == [10.0, 9.0]
+    # A full backward (B) has no I: after_input changes nothing.
+    one_f_one_b = ps.events("one_f_one_b", 2, 4)
+    assert ps.held_over_time(one_f_one_b, [5.0, 5.0], after_input=[9.0, 9.0]) == ps.held_over_time(
+        one_f_one_b, [5.0, 5.0]
+    )
+
+
 def test_bubbles_at_k4_m8_with_equal_unit_costs():
     """The issue's figures: 1F1B 27%, interleaved v=2 16%, ZB-H1 11%."""
     assert ps.bubble(ps.events("one_f_one_b", 4, 8)) == pytest.approx(3 / 11)

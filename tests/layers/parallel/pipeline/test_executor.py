@@ -1,0 +1,68 @@
+"""The executor's cut for the weight gradient: W from the ops that first combine a weight with the
+activations, so it keeps neither the layer's output nor its output gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from layers.parallel.pipeline import executor
+
+
+def _frontier_and_grads(layer, x_value: np.ndarray):
+    """In a traced function: the cut of ``layer`` on x, and the weight gradients from the cut and
+    from the output (both for the output gradient 1), as numpy arrays."""
+    out = {}
+
+    @tf.function
+    def run(x: tf.Tensor):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            y = layer(x)
+        cut = executor._weight_frontier(tape, [x], [y])
+        out["cut"] = None if cut is None else [[t.op.type for t in ts] for _, ts in cut]
+        variables = list(tape.watched_variables())
+        want = tape.gradient(y, variables, output_gradients=tf.ones_like(y))
+        if cut is None:
+            return want, want
+        tensors = [t for _, ts in cut for t in ts]
+        piece = executor._Piece(tape, [x], [y], frontier=cut)
+        piece.frontier_grads = tape.gradient(y, tensors, output_gradients=tf.ones_like(y))
+        return want, executor._frontier_weight_grads(piece)
+
+    want, got = run(tf.constant(x_value))
+    return out["cut"], [g.numpy() for g in want], [g.numpy() for g in got]
+
+
+def test_a_dense_layer_is_cut_at_its_product_and_bias_sum():
+    w, b = tf.Variable(tf.random.stateless_normal([3, 4], [1, 2])), tf.Variable(tf.ones([4]))
+    cut, want, got = _frontier_and_grads(
+        lambda x: tf.nn.relu(tf.matmul(x, w) + b), np.ones([2, 3], np.float32)
+    )
+    assert cut == [["MatMul"], ["AddV2"]]
+    for a, c in zip(want, got):
+        np.testing.assert_allclose(a, c, rtol=1e-6)
+
+
+def test_a_weight_combined_twice_in_a_row_is_not_cut():
+    """x w w: the second product's gradient would count the first one again."""
+    w = tf.Variable(tf.random.stateless_normal([3, 3], [3, 4]))
+    cut, _, _ = _frontier_and_grads(lambda x: tf.matmul(tf.matmul(x, w), w), np.ones([2, 3], np.float32))
+    assert cut is None
+
+
+def test_a_weight_combined_twice_side_by_side_is_cut_at_both():
+    w = tf.Variable(tf.random.stateless_normal([3, 3], [5, 6]))
+    layer = lambda x: tf.matmul(x, w) * tf.matmul(tf.sin(x), w)  # noqa: E731
+    cut, want, got = _frontier_and_grads(layer, np.ones([2, 3], np.float32))
+    assert cut == [["MatMul", "MatMul"]]
+    np.testing.assert_allclose(want[0], got[0], rtol=1e-5)
+
+
+def test_eagerly_there_is_no_cut():
+    w = tf.Variable(tf.ones([3, 3]))
+    x = tf.ones([2, 3])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.matmul(x, w)
+    assert executor._weight_frontier(tape, [x], [y]) is None
