@@ -64,45 +64,45 @@ def _assign_rows(
 
     Examples of one length are placed together, one loop step per distinct length (tens, not the
     window's thousand examples; a tf.while_loop step costs ~1 us an op): first fit puts equal
-    examples into the eligible rows in row order, each row taking as many as fit, so row ``j``
-    takes ``clip(k - before_j, 0, cap_j)`` of ``k``, ``cap`` the examples that fit in each row and
+    examples into the open rows in row order, each row taking as many as fit, so row ``j`` takes
+    ``clip(k - before_j, 0, cap_j)`` of ``k``, ``cap`` the examples that fit in each open row and
     ``before`` its exclusive cumulative sum. Rows not yet used are empty, so a new row is the first
     with room once the open rows are full; a row that closes while a length is placed has no room
-    for it (first fit would have filled it before opening a new one)."""
+    for it (first fit would have filled it before opening a new one). The loop keeps only how many
+    of each length each row takes; rows, starts and segment numbers follow from it afterwards."""
     w = tf.shape(n)[0]
     rows = tf.range(w)
     sizes, _, counts = tf.unique_with_counts(n, out_idx=tf.int32)
-    offsets = tf.cumsum(counts, exclusive=True)
+    # Per length: its size, its count, and the room a row needs (empty examples fit any open row).
+    table = tf.stack([sizes, counts, tf.maximum(sizes, 1), tf.where(sizes > 0, length, length + w)], axis=1)
 
-    def body(g, fill, count, used, row, start, seg):
-        size, k, offset = sizes[g], counts[g], offsets[g]
-        open_ = rows >= used - open_rows
-        cap = tf.where(open_, (length - fill) // tf.maximum(size, 1), 0)
-        cap = tf.where(open_ & (size == 0), k, cap)  # empty examples: all in the first open row
-        before = tf.cumsum(cap, exclusive=True)
-        take = tf.clip_by_value(k - before, 0, cap)
-        items = tf.range(k)
-        r = tf.searchsorted(before + cap, items, side="right", out_type=tf.int32)
-        within = items - tf.gather(before, r)
-        at = (offset + items)[:, None]
-        return (
-            g + 1,
-            fill + take * size,
-            count + take,
-            tf.maximum(used, tf.reduce_max(r) + 1),
-            tf.tensor_scatter_nd_update(row, at, r),
-            tf.tensor_scatter_nd_update(start, at, tf.gather(fill, r) + within * size),
-            tf.tensor_scatter_nd_update(seg, at, tf.gather(count, r) + within + 1),
-        )
+    def body(g, fill, count, takes):
+        size, k, divisor, limit = tf.unstack(table[g])
+        used = tf.reduce_sum(tf.cast(count > 0, tf.int32))
+        cap = tf.where(rows >= used - open_rows, (limit - fill) // divisor, 0)
+        take = tf.minimum(tf.maximum(k - tf.cumsum(cap, exclusive=True), 0), cap)
+        return g + 1, fill + take * size, count + take, takes.write(g, take)
 
     zeros = tf.zeros([w], tf.int32)
-    _, _, _, used, row, start, seg = tf.while_loop(
-        lambda g, *_: g < tf.size(sizes),
-        body,
-        (0, zeros, zeros, 0, zeros, zeros, zeros),
-        parallel_iterations=1,
+    takes = tf.TensorArray(tf.int32, size=tf.size(sizes), element_shape=[None])
+    _, _, count, takes = tf.while_loop(
+        lambda g, *_: g < tf.size(sizes), body, (0, zeros, zeros, takes), parallel_iterations=1
     )
-    return row, start, seg, used
+    # The (length, row) blocks that took examples, in order (the examples' sorted order): each
+    # example's row. A row's examples come in sorted order too, so its starts and segment numbers
+    # are running sums over the examples grouped by row.
+    flat = tf.reshape(takes.stack(), [-1])
+    blocks = tf.cast(tf.where(flat > 0)[:, 0], tf.int32)
+    ends = tf.cumsum(tf.gather(flat, blocks))
+    row = tf.gather(blocks, tf.searchsorted(ends, rows, side="right", out_type=tf.int32)) % w
+    by_row = tf.argsort(row, stable=True)
+    grouped = tf.gather(row, by_row)
+    first = tf.searchsorted(grouped, grouped, side="left", out_type=tf.int32)  # each row's first example
+    filled = tf.cumsum(tf.gather(n, by_row), exclusive=True)
+    back = tf.math.invert_permutation(by_row)
+    start = tf.gather(filled - tf.gather(filled, first), back)
+    seg = tf.gather(rows - first + 1, back)
+    return row, start, seg, tf.reduce_sum(tf.cast(count > 0, tf.int32))
 
 
 def _pack_window(
