@@ -190,10 +190,9 @@ class CorpusLmInput(BaseInput):
         p = self.params
         for name in ("seq_length", "num_parallel_reads", "open_rows", "row_shuffle_buffer_size"):
             _check_positive(p, name)
-        if isinstance(p.max_cached_bytes, bool) or not isinstance(p.max_cached_bytes, int):
-            raise ConfigError(
-                f"input {p.name!r}: max_cached_bytes must be an int, got {p.max_cached_bytes!r}"
-            )
+        cache = p.max_cached_bytes
+        if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+            raise ConfigError(f"input {p.name!r}: max_cached_bytes must be an int >= 0, got {cache!r}")
         self._pieces: tuple[np.ndarray, np.ndarray] | None = None  # the cached corpus, once tokenized
         if p.batching not in BATCHINGS:
             raise ConfigError(
@@ -278,7 +277,6 @@ class CorpusLmInput(BaseInput):
         """Batches of ``size`` sentences (after the line shuffle) as ragged ``{ids, labels}``: ids =
         BOS + pieces, labels = pieces + EOS, cut to ``seq_length``; every op on a whole batch."""
         p = self.params
-        shuffle = dict(buffer_size=p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
         cached = self.cached_pieces()
         if cached is not None:  # sentence numbers, shuffled as the lines would be; their pieces gathered
             values, splits = (tf.constant(a) for a in cached)
@@ -295,7 +293,7 @@ class CorpusLmInput(BaseInput):
                 return tokenizer.tokenize(lines)[:, :cut]
 
         if p.shuffle_seed is not None:
-            ds = ds.shuffle(**shuffle)
+            ds = ds.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
 
         def encode(batch: tf.Tensor) -> dict[str, tf.RaggedTensor]:
             tokens = pieces(batch)

@@ -109,6 +109,8 @@ def test_a_cached_corpus_gives_the_batches_of_the_streamed_files(tmp_path):
     cached, streamed = p.instantiate(), p.copy().set(max_cached_bytes=0).instantiate()
     assert cached.cached_pieces() is not None and streamed.cached_pieces() is None
     assert p.copy().set(max_cached_bytes=100).instantiate().cached_pieces() is None  # over the limit
+    with pytest.raises(ConfigError, match="max_cached_bytes must be an int >= 0"):
+        p.copy().set(max_cached_bytes=-1).instantiate()
     rows = sum(
         len(b["ids"]) for b in p.copy().set(repeat=False, drop_remainder=False).instantiate().dataset()
     )
