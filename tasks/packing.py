@@ -62,8 +62,9 @@ def _assign_rows(
     ``length``, among the ``open_rows`` newest rows: each example's row, its start in the row and its
     segment number; and the rows used.
 
-    Examples of one length are placed together, one loop step per distinct length (tens, not the
-    window's thousand examples; a tf.while_loop step costs ~1 us an op): first fit puts equal
+    Examples of one length are placed together, one loop step per distinct length (about 105 a
+    window of the bundled corpus, against 1024 examples; a tf.while_loop costs ~1 us an op a step,
+    which made the per-example loop most of the input's CPU time): first fit puts equal
     examples into the open rows in row order, each row taking as many as fit, so row ``j`` takes
     ``clip(k - before_j, 0, cap_j)`` of ``k``, ``cap`` the examples that fit in each open row and
     ``before`` its exclusive cumulative sum. Rows not yet used are empty, so a new row is the first
