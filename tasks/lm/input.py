@@ -138,6 +138,12 @@ class CorpusLmInput(BaseInput):
     (rows of similar length, padded to their batch's longest; one process only) or ``pad`` (one
     sequence per row of ``seq_length``). Every stage is a native tf.data op: the iterator's position is
     saved in checkpoints. Sync workers share rows by ``BaseInput.shard`` (pack and pad).
+
+    A corpus whose files total at most ``max_cached_bytes`` is read and tokenized once, when its
+    dataset is built, and its pieces held in memory: each epoch then shuffles sentence numbers (the
+    same buffer and seed, so the same order as shuffling the lines) and gathers their pieces, instead
+    of reading, filtering and tokenizing every line again; the checkpointed position is the sentence
+    numbers' shuffle. Larger corpora stream from the files every epoch.
     """
 
     @classmethod
@@ -161,6 +167,12 @@ class CorpusLmInput(BaseInput):
             f"pack: rows being filled at once (first fit decreasing over windows of {packing.WINDOW} "
             "sentences; the default keeps every row of a window open; 8 packs like a streaming packer).",
         )
+        p.define(
+            "max_cached_bytes",
+            16 << 20,
+            "Files totalling at most this many bytes are tokenized once and their pieces kept in "
+            "memory (see the class doc); 0: always stream and tokenize every epoch.",
+        )
         p.define("bucket_boundaries", [16, 32, 64], "bucket: sequence lengths where buckets split.")
         p.define(
             "row_shuffle_buffer_size",
@@ -178,6 +190,10 @@ class CorpusLmInput(BaseInput):
         p = self.params
         for name in ("seq_length", "num_parallel_reads", "open_rows", "row_shuffle_buffer_size"):
             _check_positive(p, name)
+        cache = p.max_cached_bytes
+        if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+            raise ConfigError(f"input {p.name!r}: max_cached_bytes must be an int >= 0, got {cache!r}")
+        self._pieces: tuple[np.ndarray, np.ndarray] | None = None  # the cached corpus, once tokenized
         if p.batching not in BATCHINGS:
             raise ConfigError(
                 f"input {p.name!r}: batching must be one of {', '.join(BATCHINGS)}, got {p.batching!r}"
@@ -195,12 +211,21 @@ class CorpusLmInput(BaseInput):
             raise ConfigError(f"input {self.params.name!r}: batching 'bucket' cannot be sharded (use pack)")
         super().shard(index, count)
 
-    def lines(self) -> tf.data.Dataset:
-        """The sentences of every file, interleaved in a fixed order."""
+    def _files(self) -> list[str]:
         from tasks.readers import list_files
 
         p = self.params
-        files = list_files(p.file_pattern, f"input {p.name!r}: file_pattern")
+        return list_files(p.file_pattern, f"input {p.name!r}: file_pattern")
+
+    def lines(self) -> tf.data.Dataset:
+        """The sentences of every file, interleaved in a fixed order."""
+        return self._line_batches(1024).unbatch()
+
+    def _line_batches(self, size: int) -> tf.data.Dataset:
+        """``lines()`` in batches of up to ``size`` (blank lines dropped a batch at a time: a filter
+        function called per line costs ~25 us a line, more than tokenizing it)."""
+        p = self.params
+        files = self._files()
         fmt = p.file_format
         if fmt == "auto":
             fmt = "tfrecord" if all(".tfrecord" in os.path.basename(f) for f in files) else "text"
@@ -216,7 +241,33 @@ class CorpusLmInput(BaseInput):
         names = tf.data.Dataset.from_tensor_slices(files)
         cycle = min(len(files), p.num_parallel_reads)
         lines = names.interleave(read, cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
-        return lines.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+        return lines.batch(size).map(lambda b: tf.boolean_mask(b, tf.strings.length(tf.strings.strip(b)) > 0))
+
+    def _tokenizer(self):
+        import tensorflow_text as tf_text
+
+        from tasks.lm.sentencepiece_vocab import read_model
+
+        p = self.params
+        Vocabulary.from_params(p.vocab)  # checks the model and its size
+        return tf_text.SentencepieceTokenizer(model=read_model(p.vocab.file), out_type=tf.int32)
+
+    def cached_pieces(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every sentence's pieces (cut to ``seq_length - 1``) in ``lines()``' order, as the flat
+        pieces and the row splits of a ragged [sentences, None], when the files total at most
+        ``max_cached_bytes``; else None. Tokenized on the first call."""
+        p = self.params
+        if self._pieces is None and p.max_cached_bytes > 0:
+            if sum(tf.io.gfile.stat(f).length for f in self._files()) <= p.max_cached_bytes:
+                tokenizer, cut = self._tokenizer(), p.seq_length - 1
+                batches = self._line_batches(4096).map(lambda b: tokenizer.tokenize(b)[:, :cut])
+                values, lengths = [np.zeros([0], np.int32)], [np.zeros([0], np.int64)]
+                for pieces in batches:
+                    values.append(pieces.flat_values.numpy())
+                    lengths.append(pieces.row_lengths().numpy())
+                splits = np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
+                self._pieces = (np.concatenate(values).astype(np.int32), splits)
+        return self._pieces
 
     def sequences(self) -> tf.data.Dataset:
         """One ``{ids, labels}`` of variable length per sentence (after the line shuffle)."""
@@ -225,30 +276,36 @@ class CorpusLmInput(BaseInput):
     def _token_batches(self, size: int) -> tf.data.Dataset:
         """Batches of ``size`` sentences (after the line shuffle) as ragged ``{ids, labels}``: ids =
         BOS + pieces, labels = pieces + EOS, cut to ``seq_length``; every op on a whole batch."""
-        import tensorflow_text as tf_text
-
-        from tasks.lm.sentencepiece_vocab import read_model
-
         p = self.params
-        vocab = Vocabulary.from_params(p.vocab)  # checks the model and its size
-        del vocab
-        tokenizer = tf_text.SentencepieceTokenizer(model=read_model(p.vocab.file), out_type=tf.int32)
-        lines = self.lines()
+        cached = self.cached_pieces()
+        if cached is not None:  # sentence numbers, shuffled as the lines would be; their pieces gathered
+            values, splits = (tf.constant(a) for a in cached)
+            ds = tf.data.Dataset.range(len(cached[1]) - 1)
+
+            def pieces(rows: tf.Tensor) -> tf.RaggedTensor:
+                return tf.gather(tf.RaggedTensor.from_row_splits(values, splits, validate=False), rows)
+
+        else:
+            tokenizer, cut = self._tokenizer(), p.seq_length - 1
+            ds = self.lines()
+
+            def pieces(lines: tf.Tensor) -> tf.RaggedTensor:
+                return tokenizer.tokenize(lines)[:, :cut]
+
         if p.shuffle_seed is not None:
-            lines = lines.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
-        cut = p.seq_length - 1
+            ds = ds.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
 
         def encode(batch: tf.Tensor) -> dict[str, tf.RaggedTensor]:
-            pieces = tokenizer.tokenize(batch)[:, :cut]
-            ends = tf.ones_like(pieces[:, :1])  # one position per sentence
+            tokens = pieces(batch)
+            ends = tf.ones_like(tokens[:, :1])  # one position per sentence
             return {
-                "ids": tf.concat([ends * BOS_ID, pieces], axis=1),
-                "labels": tf.concat([pieces, ends * EOS_ID], axis=1),
+                "ids": tf.concat([ends * BOS_ID, tokens], axis=1),
+                "labels": tf.concat([tokens, ends * EOS_ID], axis=1),
             }
 
         # Sequential: the tokenizer holds a resource, and with op determinism on (cluster.configure)
         # tf.data would rewrite a parallel map of it into this anyway (warning about it on stderr).
-        return lines.batch(size).map(encode)
+        return ds.batch(size).map(encode)
 
     def examples(self) -> tf.data.Dataset:
         p = self.params

@@ -43,3 +43,16 @@ def test_prints_each_side_and_the_ratios():
     want = sides["worker"] / sides["worker_elements"]
     assert ratios["worker_over_worker_elements"] == pytest.approx(want, rel=0.01)
     assert ratios["global_batch"] == 64 and ratios["workers"] == 2
+
+
+def test_text_input_cpu_a_step_is_measured_on_the_input_alone():
+    from tasks.lm.input import CorpusLmInput
+    from tasks.lm.params.text import DATA
+    from tools.benchmarks import text_input
+
+    p = CorpusLmInput.Params().set(
+        file_pattern=f"{DATA}/stories_dev.txt", seq_length=64, batch_size=4, shuffle_seed=1, repeat=True
+    )
+    p.vocab.set(file=f"{DATA}/stories.model", size=160)
+    cpu = text_input._cpu_per_step(p, steps=30, rounds=2)
+    assert 0 < cpu < 0.5  # seconds a batch: measured, and a packed batch of 4 x 64 is cheap

@@ -11,7 +11,8 @@ same batches; the benchmark checks that first. The sides take turns for ``--roun
 ``--steps`` batches; each side's best round counts (load only ever adds time). Prints one JSON line
 per side and one with the ratios. An experiment whose training input packs a text corpus
 (lm.text.TextTransformerLM) gets ``tools.benchmarks.text_input``'s figures instead: packing
-efficiency, the input's tokens/s and the input-bound fraction of the trainer's step.
+efficiency, the input's tokens/s and CPU time a batch, and the input-bound fraction of the trainer's
+step.
 """
 
 from __future__ import annotations

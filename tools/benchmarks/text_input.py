@@ -5,7 +5,12 @@ For an experiment whose training input packs text (``CorpusLmInput``), prints JS
 - ``packing_efficiency``: real tokens / slots over one epoch of ``input.train`` as configured (packed),
   with ``padding_efficiency`` beside it: the same epoch one sentence per row (``batching = 'pad'``).
 - ``input_tokens_per_sec``: real tokens the input pipeline alone yields a second over a whole epoch
-  read from scratch (files opened, sentences tokenized and packed; nothing else running).
+  read from scratch (files opened, sentences tokenized and packed; a corpus small enough to be cached
+  is tokenized inside the timing; nothing else running).
+- ``input_cpu_ms_per_step``: CPU time (user + system, every thread of the process) the input pipeline
+  alone spends a batch of ``input.train`` as the trainer reads it (shuffled, repeated, prefetched),
+  after a warm-up, nothing else running; the best of the rounds of ``--steps`` x 8 batches. What the
+  input takes from the cores the trainer's step runs on.
 - ``input_bound_fraction``: the share of a training step spent waiting for input. The trainer's own
   compiled steps (``trainer.train_step.TrainStep``, ``--steps`` a call) run twice in alternating rounds:
   on the real input, and on one batch held in memory (the same model, no input work); the fraction is
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 
 import numpy as np
@@ -40,6 +46,25 @@ def _tokens_per_sec(train: Params, rounds: int) -> float:
         for batch in p.instantiate().dataset():
             tokens += float((batch["paddings"].numpy() == 0).sum())
         best = max(best, tokens / (time.perf_counter() - start))
+    return best
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_per_step(train: Params, steps: int, rounds: int) -> float:
+    """CPU seconds of the process a batch of ``train`` (as configured) costs, the best of ``rounds``."""
+    iterator = iter(train.instantiate().dataset())
+    for _ in range(20):  # tracing, the first windows packed, buffers filled
+        next(iterator)
+    best = float("inf")
+    for _ in range(rounds):
+        start = _cpu_seconds()
+        for _ in range(steps):
+            next(iterator)
+        best = min(best, (_cpu_seconds() - start) / steps)
     return best
 
 
@@ -91,6 +116,13 @@ def run(root: Params, model: str, steps: int, rounds: int) -> int:
     )
     rate = _tokens_per_sec(train, rounds)
     print(json.dumps({**base, "name": "input_tokens_per_sec", "value": round(rate), "loadavg_1m": load()}))
+    cpu = _cpu_per_step(train, steps * 8, rounds)
+    print(
+        json.dumps(
+            {**base, "name": "input_cpu_ms_per_step", "value": round(cpu * 1e3, 3), "loadavg_1m": load()}
+        ),
+        flush=True,
+    )
     fraction, real, held = _input_bound_fraction(root, steps, rounds)
     figure = {
         **base,

@@ -101,3 +101,19 @@ def test_vocabulary_size_must_match_the_model_and_the_model_is_kept():
         p.vocab.size = 100
         next(iter(p.instantiate().dataset()))
     assert _params().instantiate().files_to_keep() == [MODEL]
+
+
+def test_a_cached_corpus_gives_the_batches_of_the_streamed_files(tmp_path):
+    paths, _ = write_shards([DEV], str(tmp_path / "dev"), num_shards=2)  # interleaved: order matters
+    p = _params(file_pattern=",".join(paths), shuffle_seed=5, repeat=True, shuffle_buffer_size=32)
+    cached, streamed = p.instantiate(), p.copy().set(max_cached_bytes=0).instantiate()
+    assert cached.cached_pieces() is not None and streamed.cached_pieces() is None
+    assert p.copy().set(max_cached_bytes=100).instantiate().cached_pieces() is None  # over the limit
+    with pytest.raises(ConfigError, match="max_cached_bytes must be an int >= 0"):
+        p.copy().set(max_cached_bytes=-1).instantiate()
+    rows = sum(
+        len(b["ids"]) for b in p.copy().set(repeat=False, drop_remainder=False).instantiate().dataset()
+    )
+    for a, b in zip(cached.dataset().take(rows // 4 + 5), streamed.dataset()):  # into a second epoch
+        for key in a:
+            np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())

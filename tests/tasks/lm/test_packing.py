@@ -104,3 +104,30 @@ def test_flush_emits_every_open_row_and_cuts_long_sequences():
     tokens = sorted(t for r in rows for t in r if t)
     assert tokens == sorted([4] * 10 + [5] * 9 + [6] * LENGTH + [7] * 3)
     assert len(rows) == 3
+
+
+def _first_fit(lengths, length, open_rows):
+    """First fit one example at a time, in plain Python: (rows, starts, segment numbers, rows used)."""
+    fill, count, out = [], [], ([], [], [])
+    for size in lengths:
+        open_ = range(max(0, len(fill) - open_rows), len(fill))
+        r = next((j for j in open_ if fill[j] + size <= length), len(fill))
+        if r == len(fill):
+            fill.append(0)
+            count.append(0)
+        for values, value in zip(out, (r, fill[r], count[r] + 1)):
+            values.append(value)
+        fill[r] += size
+        count[r] += 1
+    return (*out, len(fill))
+
+
+def test_equal_lengths_placed_together_give_first_fit_one_at_a_time():
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        length, w = int(rng.integers(1, 40)), int(rng.integers(1, 60))
+        open_rows = int(rng.choice([1, 2, 3, 1024]))
+        low = 0 if trial % 3 == 0 else 1  # empty examples too
+        n = np.sort(rng.integers(low, length + 1, w))[::-1].astype(np.int32)
+        got = [np.asarray(x).tolist() for x in packing._assign_rows(tf.constant(n), length, open_rows)]
+        assert got == list(_first_fit(n.tolist(), length, open_rows)), (n.tolist(), length, open_rows)
