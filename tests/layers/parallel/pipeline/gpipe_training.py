@@ -74,7 +74,7 @@ def train(model, forward, steps=10, lr=0.1, loss_fn=None):
     x, target = data()
     variables = model.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)  # as the trainer traces (trainer/tracing.py)
     def step(i):
         ctx = FPropContext(training=True, step=i, seed=7)
         with tf.GradientTape() as tape:
