@@ -18,7 +18,8 @@ layers), and its peak grows with the number of layers (measured: 1705 MiB at 8 x
 GiB at 16 x 128 with sequences of 512, while each stage process stayed under 0.9 GiB); deeper rungs
 would measure the trainer's graph, not where the model's memory lives. Since the trainer frees the
 Python graphs of its traces (``RemoteStages.compile``, trainer/tf_compat.py), its peak at 8 x 128 is
-1216 MiB instead of 1617 (and 1424 instead of 1811 at 8 x 640; ``trial``, same commit otherwise).
+1216 MiB instead of 1617 (1424 instead of 1811 at 8 x 640; ``trial``, on the commit before the
+step was traced once; docs/benchmark_results.md has the figures since).
 The default budget (2000 MiB) leaves room above the ~0.85 GiB every TensorFlow process takes and
 that trainer; at 1200 MiB no GPipe row fit even its smallest size of the first family (the trainer
 alone peaked at 1244 MiB with 4 x 128).

@@ -165,13 +165,13 @@ class RemoteStages(OnDevice):
             return task_params.instantiate()
 
     def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
-        """OnDevice's loop of steps, traced now and kept only as TensorFlow's runtime function: the
-        trainer does not hold the Python graph of the unrolled pipeline (every stage's forward,
-        recompute and backward for every micro-batch) while the runtime optimizes, partitions and
-        runs it. Measured (``tools.benchmark capacity``'s gpipe_k4 at 8 layers x width 128, before
-        main's single trace of the step): the trainer's peak went from 1617 to 1216 MiB with this
-        and the freed probe; what is left is TensorFlow's own ~0.57 GiB, the runtime's copy of the
-        step and its optimization."""
+        """OnDevice's loop of the traced step, kept only as TensorFlow's runtime function, and the
+        step's own trace dropped: the trainer need not hold the Python graphs of the unrolled
+        pipeline (every stage's forward, recompute and backward for every micro-batch; ~11 KiB a
+        node) while the runtime optimizes, partitions and runs it. Measured with gpipe_k4 at 8 x 128
+        (``tools.benchmark capacity``'s trial, before the step was traced once): the trainer's peak
+        went from 1617 to 1216 MiB. TF 2.21 still keeps the step's trace alive through its cond's
+        branch functions (holder not found): see docs/benchmark_results.md, capacity."""
         loop = tracing.graph_function(lambda n: step.run_steps(n, traced=True))
         with tracing.user_errors(), tf_compat.custom_gradients_released():
             run = tf_compat.without_graph(loop, tf.TensorSpec([], tf.int32))
