@@ -192,16 +192,25 @@ class Learner(tf.Module):
         for grad, var in pairs:
             grad = tf.convert_to_tensor(grad)  # IndexedSlices (embedding lookups) become dense
             if p.l2_regularizer_weight and var.trainable:
-                grad = grad + tf.cast(p.l2_regularizer_weight, grad.dtype) * var
+                with tf.compat.v1.colocate_with(grad):
+                    grad = grad + tf.cast(p.l2_regularizer_weight, grad.dtype) * var
             grads.append(grad)
             variables.append(var)
         grad_norm = tf.linalg.global_norm(grads)
         if p.clip_gradient_norm_to_value > 0:
             clip = tf.constant(float(p.clip_gradient_norm_to_value), tf.float32)
             grad_scale = tf.minimum(1.0, clip / tf.maximum(grad_norm, 1e-30))
-            grads = [g * tf.cast(grad_scale, g.dtype) for g in grads]
+            grads = [_scaled(g, grad_scale) for g in grads]
         else:
             grad_scale = tf.constant(1.0, tf.float32)
         lr = self.learning_rate(step)
         self.optimizer.apply(grads, variables, lr, step)
         return dict(zip(self.SUMMARY_NAMES, (lr, tf.cast(grad_norm, tf.float32), grad_scale)))
+
+
+def _scaled(grad: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+    """``grad * scale`` where ``grad`` is (as ``tf.linalg.global_norm`` computes each square there):
+    left unplaced, the product of a pipeline stage's gradient would run on the caller's device, which
+    for stages on other processes sends every gradient to the trainer and back each step."""
+    with tf.compat.v1.colocate_with(grad):
+        return grad * tf.cast(scale, grad.dtype)

@@ -24,7 +24,7 @@ from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import tracing
+from trainer import tf_compat, tracing
 from trainer.placement import OnDevice, StepOutputs
 
 # Names the trainer writes next to the task's metrics in train summaries.
@@ -98,7 +98,9 @@ class TrainStep:
         value and a skipped step's result). A placement whose loop runs in the context the step was
         traced in (``OnDevice.compile``) loops this traced step rather than tracing it again: for a
         GPipe model, tracing is most of the time a trainer takes to start."""
-        with tracing.user_errors():
+        # The step takes its gradients inside: TensorFlow's registry of its custom gradients (a
+        # pipeline's) need not keep the trace alive once nothing else does (trainer/tf_compat.py).
+        with tracing.user_errors(), tf_compat.custom_gradients_released():
             args = self.placement.probe_args(self)
             traced = tracing.graph_function(self.guarded_step).get_concrete_function(*args)
         spec = traced.structured_outputs[1]

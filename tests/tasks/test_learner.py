@@ -123,6 +123,29 @@ def test_clipping_scales_gradients_to_the_global_norm() -> None:
         np.testing.assert_allclose(n, i - 0.5 * 0.4 * g, rtol=1e-6)
 
 
+def test_clipping_and_l2_run_where_each_gradient_is() -> None:
+    """A pipeline stage's gradient is scaled on its own device (for stages on other processes: in its
+    own process, not the trainer's)."""
+    with tf.device("/device:CPU:1"):
+        v = tf.Variable([1.0, 2.0])
+    learner = Learner(
+        _params(optimizer="sgd", clip_gradient_norm_to_value=1.0, l2_regularizer_weight=0.1), [v]
+    )
+
+    def step():
+        with tf.device("/device:CPU:1"):
+            g = tf.identity(tf.constant([3.0, 4.0]), name="stage_gradient")
+        return learner.apply_gradients([(g, v)], tf.constant(0, tf.int64))
+
+    graph = tf.function(step).get_concrete_function().graph
+    ops = [op for op in graph.get_operations() if op.type in ("Mul", "AddV2")]
+    assert ops and all("CPU:1" in op.device for op in ops if "stage_gradient" in str(list(op.inputs))), [
+        (op.name, op.device) for op in ops
+    ]
+    scaled = [op for op in ops if op.type == "Mul" and any(t.op.type == "AddV2" for t in op.inputs)]
+    assert scaled and all("CPU:1" in op.device for op in scaled)
+
+
 def test_clipping_leaves_small_gradients_alone() -> None:
     new, out = _sgd_step(GRADS, INIT, clip_gradient_norm_to_value=10.0)
     assert out["grad_scale"] == pytest.approx(1.0)

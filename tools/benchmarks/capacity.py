@@ -13,12 +13,16 @@ TensorFlow's own footprint ~0.85 GiB; the ~0.7 GiB left is activations and tempo
 first family (sequences of 32, batch 8: 256 tokens) they were a few percent, remat had nothing to
 save and K stage processes could at most divide the weights (~4x at K=4): 6 was out of reach.
 Why the depth is fixed: a GPipe row's trainer process traces and optimizes the whole unrolled
-pipeline (every stage's forward, recompute and backward for every micro-batch), and its peak grows
-with the number of layers (measured: 1705 MiB at 8 x 128 here, above 2.6 GiB at 16 x 128 with
-sequences of 512, while each stage process stayed under 0.9 GiB); deeper rungs would measure the
-trainer's graph, not where the model's memory lives. The default budget (2000 MiB) leaves room
-above the ~0.85 GiB every TensorFlow process takes and that trainer; at 1200 MiB no GPipe row fit
-even its smallest size of the first family (the trainer alone peaked at 1244 MiB with 4 x 128).
+pipeline (every stage's forward, recompute and backward for every micro-batch: 27,012 nodes at 8
+layers), and its peak grows with the number of layers (measured: 1705 MiB at 8 x 128 here, above 2.6
+GiB at 16 x 128 with sequences of 512, while each stage process stayed under 0.9 GiB); deeper rungs
+would measure the trainer's graph, not where the model's memory lives. Since the trainer frees the
+Python graphs of its traces (``RemoteStages.compile``, trainer/tf_compat.py), its peak at 8 x 128 is
+1216 MiB instead of 1617 (1424 instead of 1811 at 8 x 640; ``trial``, on the commit before the
+step was traced once; docs/benchmark_results.md has the figures since).
+The default budget (2000 MiB) leaves room above the ~0.85 GiB every TensorFlow process takes and
+that trainer; at 1200 MiB no GPipe row fit even its smallest size of the first family (the trainer
+alone peaked at 1244 MiB with 4 x 128).
 
 The climb (``climb``): rungs 1, 2, 4, 8, ... above the largest that fitted until one fails, then
 bisection between the two (the ladder's memory grows with its rungs); a watchdog ends a trial as

@@ -39,8 +39,9 @@ import tensorflow as tf
 from layers.parallel import device_choice as pipeline_devices
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
+from trainer import tf_compat, tracing
 from trainer.distributed import peers, roles
-from trainer.placement import OnDevice
+from trainer.placement import OnDevice, StepOutputs
 from trainer.progress import print_line
 
 if TYPE_CHECKING:
@@ -163,6 +164,21 @@ class RemoteStages(OnDevice):
         with pipeline_devices.parts_on(self.stages.devices, where):
             return task_params.instantiate()
 
+    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
+        """OnDevice's loop of the traced step, kept only as TensorFlow's runtime function, and the
+        step's own trace dropped: the trainer need not hold the Python graphs of the unrolled
+        pipeline (every stage's forward, recompute and backward for every micro-batch; ~11 KiB a
+        node) while the runtime optimizes, partitions and runs it. Measured with gpipe_k4 at 8 x 128
+        (``tools.benchmark capacity``'s trial, before the step was traced once): the trainer's peak
+        went from 1617 to 1216 MiB. TF 2.21 still keeps the step's trace alive through its cond's
+        branch functions (holder not found): see docs/benchmark_results.md, capacity."""
+        loop = tracing.graph_function(lambda n: step.run_steps(n, traced=True))
+        with tracing.user_errors(), tf_compat.custom_gradients_released():
+            run = tf_compat.without_graph(loop, tf.TensorSpec([], tf.int32))
+            del loop
+            step.traced_step = None  # looped by ``run``, whose runtime copy is the only one kept
+        return lambda n: run(tf.constant(n, tf.int32))
+
     def restored(self, step: TrainStep, at_step: int) -> None:
         del at_step
         self._log(describe_bytes(network_bytes(step), step.batch_size))
@@ -173,8 +189,15 @@ def network_bytes(step: TrainStep) -> dict[tuple[str, str], int]:
     traced step (forward, backward and update; each tensor counted once per process that reads it).
 
     An op's process is its device's task; an op left without a device goes where TensorFlow's placer
-    puts it: with the variable it reads, with the input of an identity, else in the trainer."""
-    graph = step.step_graph()
+    puts it: with the variable it reads, with the input of an identity, else in the trainer.
+
+    The trace is freed before this returns (``custom_gradients_released``): kept, it would double the
+    trainer's memory for the whole run."""
+    with tf_compat.custom_gradients_released():
+        return _bytes_sent(step.step_graph())
+
+
+def _bytes_sent(graph: tf.Graph) -> dict[tuple[str, str], int]:
     captured = {internal.name: external.device for external, internal in graph.captures}
     where: dict[str, str] = {}
 
