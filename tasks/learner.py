@@ -192,7 +192,7 @@ class Learner(tf.Module):
         for grad, var in pairs:
             grad = tf.convert_to_tensor(grad)  # IndexedSlices (embedding lookups) become dense
             if p.l2_regularizer_weight and var.trainable:
-                with tf.compat.v1.colocate_with(grad):
+                with tf.device(grad.device):
                     grad = grad + tf.cast(p.l2_regularizer_weight, grad.dtype) * var
             grads.append(grad)
             variables.append(var)
@@ -209,8 +209,10 @@ class Learner(tf.Module):
 
 
 def _scaled(grad: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
-    """``grad * scale`` where ``grad`` is (as ``tf.linalg.global_norm`` computes each square there):
-    left unplaced, the product of a pipeline stage's gradient would run on the caller's device, which
-    for stages on other processes sends every gradient to the trainer and back each step."""
-    with tf.compat.v1.colocate_with(grad):
+    """``grad * scale`` on ``grad``'s device (a pipeline stage's gradients are made on its device, as
+    ``tf.linalg.global_norm`` computes each square where its tensor is): left unplaced, the product
+    would run on the caller's device, which for stages on other processes sends every gradient to the
+    trainer and back each step. (``tf.device``, not the deprecated ``colocate_with``, whose warning
+    every trainer would print.)"""
+    with tf.device(grad.device):
         return grad * tf.cast(scale, grad.dtype)

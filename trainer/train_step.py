@@ -60,7 +60,8 @@ class TrainStep:
 
     def skip_to(self, step: int) -> None:
         """Restarts the input at the batch of ``step`` (a resumed data-parallel worker, whose
-        iterator is not in the checkpoint: every worker's position is a function of the step)."""
+        iterator is not in the checkpoint: every worker's position is a function of the step).
+        Before the first ``run``: the compiled loop reads the iterator it found when it was traced."""
         self.iterator = iter(self.input.dataset().skip(step))
 
     def run(self, num_steps: int) -> StepOutputs:
@@ -102,7 +103,10 @@ class TrainStep:
         # pipeline's) need not keep the trace alive once nothing else does (trainer/tf_compat.py).
         with tracing.user_errors(), tf_compat.custom_gradients_released():
             args = self.placement.probe_args(self)
-            traced = tracing.graph_function(self.guarded_step).get_concrete_function(*args)
+            if args:
+                traced = tracing.graph_function(self.guarded_step).get_concrete_function(*args)
+            else:  # the iterator is an argument: the loop passes the one set when it is traced
+                traced = tracing.graph_function(self._step_on).get_concrete_function(self.iterator)
         spec = traced.structured_outputs[1]
         clash = set(spec["task"]) & (set(spec["learner"]) | set(RESERVED_SUMMARY_NAMES))
         if clash:
@@ -121,11 +125,16 @@ class TrainStep:
         learner_out = tf.cond(finite, lambda: self._apply(grads, ctx), lambda: skipped)
         return finite, {"task": values, "learner": learner_out}
 
+    def _step_on(self, iterator: tf.data.Iterator) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
+        return self.guarded_step(next(iterator))
+
     def run_steps(self, num_steps: tf.Tensor, traced: bool = False) -> StepOutputs:
         """Up to ``num_steps`` steps in one tf.while_loop (a placement compiles it), stopping after
         the first whose loss is not finite. ``traced``: loop the step traced at construction (the
-        loop is traced in the same context, e.g. not in a replica's), else trace it in the loop."""
-        one_step = self.traced_step if traced else self.guarded_step
+        loop is traced in the same context, e.g. not in a replica's) on ``self.iterator`` as it is
+        when the loop is traced, else trace the step in the loop."""
+        traced_step = self.traced_step
+        one_step = (lambda: traced_step(self.iterator)) if traced else self.guarded_step
 
         def cond(i, finite, outputs):
             return tf.logical_and(i < num_steps, finite)
