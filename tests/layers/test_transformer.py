@@ -128,7 +128,7 @@ def test_cached_decoding_gives_the_tokens_of_full_prefix_decoding(beam_size):
     emb, dec, src, src_pad, logits_fn = _decode_setup()
     max_length = 7
 
-    @tf.function
+    @tf.function(autograph=False)
     def run(use_cache: bool):
         s, sp = (src, src_pad) if beam_size == 1 else beam_search.tile_beams((src, src_pad), beam_size)
         if use_cache:
@@ -225,7 +225,7 @@ def test_stack_layers_run_as_a_gpipe_pipeline():
     weights = (1.0 - pad)[:, :, None]
     ctx = FPropContext(training=True, step=1)
 
-    @tf.function
+    @tf.function(autograph=False)
     def losses():
         with tf.GradientTape(persistent=True) as tape:
             want = stack(ctx, x, paddings=pad, source=src, source_paddings=src_pad)
@@ -274,7 +274,7 @@ def test_stack_pipeline_param_runs_the_same_layers_as_a_pipeline(training):
     pad = tf.constant([[0, 0, 0, 1, 1], [0] * 5, [0, 0, 1, 1, 1], [0] * 5], tf.float32)
     ctx = FPropContext(training=training, step=2)
 
-    @tf.function
+    @tf.function(autograph=False)
     def run(stack):
         with tf.GradientTape() as tape:
             y = stack(ctx, x, paddings=pad, source=src)

@@ -18,7 +18,7 @@ def train_steps(
     variables = list(task.trainable_variables)
     learner.build(variables)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step_fn(step: tf.Tensor, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         ctx = FPropContext(training=True, step=step)
         with tf.GradientTape() as tape:
@@ -40,7 +40,7 @@ def train_steps(
 def evaluate(task: BaseTask, dataset: tf.data.Dataset) -> dict[str, float]:
     """Every metric averaged over the data set by its weight, as an evaler job does."""
     eval_fn = tf.function(
-        lambda batch: task.fprop(FPropContext(training=False), batch), reduce_retracing=True
+        lambda batch: task.fprop(FPropContext(training=False), batch), reduce_retracing=True, autograph=False
     )
     totals: dict[str, list[float]] = {}
     for batch in dataset:

@@ -26,7 +26,7 @@ def metrics_and_grads(task, batch: dict, step: int = 0) -> tuple[dict, dict]:
     """One training forward and backward: ``({metric: (value, weight)}, {variable name: grad})``."""
     variables = task.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)
     def run():
         ctx = FPropContext(training=True, step=step, seed=11)
         with tf.GradientTape() as tape:
@@ -61,7 +61,7 @@ def xent_ops(task, batch: dict) -> list[tf.Operation]:
             metrics = task.fprop(FPropContext(training=True), batch)
         return tape.gradient(metrics["loss"][0], task.trainable_variables)
 
-    graph = tf.function(step).get_concrete_function().graph
+    graph = tf.function(step, autograph=False).get_concrete_function().graph
     ops = []
     for op in graph.get_operations():
         if op.type == "SoftmaxCrossEntropyWithLogits":

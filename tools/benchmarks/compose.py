@@ -121,7 +121,7 @@ def measure(k: int, n: int, r: int, size: dict, steps: int) -> dict:
     def error(ctx: Any, out: Any, target: Any) -> Any:
         return tf.reduce_sum(tf.square(out - target), axis=-1)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step() -> Any:
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:

@@ -79,13 +79,13 @@ def main(argv: list[str]) -> int:
 
     rows, length = args.batch_size, args.length
 
-    @tf.function
+    @tf.function(autograph=False)
     def cached() -> tf.Tensor:
         step = cached_step_fn(ctx, emb, stack, logits_fn)
         state = init_cached_state(stack, rows, length)
         return beam_search.greedy_search(step, state, rows, length, BOS_ID, EOS_ID)["ids"]
 
-    @tf.function
+    @tf.function(autograph=False)
     def full_prefix() -> tf.Tensor:
         step = full_prefix_step_fn(ctx, emb, stack, logits_fn)
         state = init_full_prefix_state(rows, length)

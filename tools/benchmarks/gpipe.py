@@ -114,7 +114,7 @@ def _dense_step(spec: dict) -> tuple[Any, Any]:
     if spec.get("step") in ("forward", "gradients"):  # a stage's costs: no update
         return _cost_step(spec, model, x, target, squared_errors), variables
 
-    @tf.function
+    @tf.function(autograph=False)
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
         if kind == "gpipe_head":  # the loss in the last stage, per micro-batch (as the tasks do)
@@ -156,7 +156,7 @@ def _cost_step(spec: dict, model: Any, x: Any, target: Any, head: Any) -> Any:
 
     variables = model.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:

@@ -80,7 +80,7 @@ def _setup(spec: dict) -> tuple[Any, int]:
     labels = tf.random.stateless_uniform([spec["batch"]], [3, 4], 0, NUM_CLASSES, tf.int32)
     variables = list(model.trainable_variables) + list(softmax.trainable_variables)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:

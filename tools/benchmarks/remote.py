@@ -89,7 +89,7 @@ def _client_step(spec: dict) -> tuple[Any, Any]:
     def squared_errors(ctx: Any, y: Any, t: Any) -> Any:
         return tf.reduce_sum(tf.square(y - t), axis=-1)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step() -> Any:
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:

@@ -90,7 +90,7 @@ def _cost_step(spec: dict) -> Any:
     model, x, target = _chunk(spec)
     sources = {"forward": [], "input": [x], "gradients": [x, *model.trainable_variables]}[spec["step"]]
 
-    @tf.function
+    @tf.function(autograph=False)
     def step() -> tf.Tensor:
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:

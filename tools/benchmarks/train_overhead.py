@@ -45,7 +45,7 @@ class PlainLoop:
         self.learner = Learner(task_params.train, variables)
         seed = self.task.params.random_seed
 
-        @tf.function
+        @tf.function(autograph=False)
         def train_step():
             batch = next(self.iterator)
             step = self.step.read_value()

@@ -35,7 +35,7 @@ def _root(extra: str = ""):
 
 
 def _decode(task, dataset):
-    fn = tf.function(lambda batch: task.decode(FPropContext(), batch))
+    fn = tf.function(lambda batch: task.decode(FPropContext(), batch), autograph=False)
     metrics = task.create_decoder_metrics()
     outs, records = [], []
     for batch in dataset:

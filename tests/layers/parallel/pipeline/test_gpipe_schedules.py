@@ -46,7 +46,7 @@ def _head(ctx, y, target):
 
 
 def _gradients(pipe: gpipe.GPipeLayer, x, target, weights) -> tuple[float, list[np.ndarray]]:
-    @tf.function
+    @tf.function(autograph=False)
     def step():
         with tf.GradientTape() as tape:
             per_example = pipe(
@@ -130,7 +130,7 @@ def test_a_task_trains_with_the_unpipelined_gradients(schedule, k, m, v, remat):
     }
 
     def grads(task):
-        @tf.function
+        @tf.function(autograph=False)
         def step():
             with tf.GradientTape() as tape:
                 loss = task.fprop(FPropContext(training=True), batch)["loss"][0]
@@ -163,7 +163,7 @@ def test_a_head_dict_with_a_loss_entry_seeds_only_the_loss():
             .instantiate()
         )
 
-        @tf.function
+        @tf.function(autograph=False)
         def step():
             with tf.GradientTape() as tape:
                 out = pipe(FPropContext(training=True), x, head=head, head_inputs=x * 0.5)
@@ -184,7 +184,7 @@ def test_a_loss_that_is_not_a_constant_times_the_sum_fails_the_step_with_one_cle
     )
     x = tf.constant(np.random.default_rng(6).normal(size=(4, 4)).astype(np.float32))
 
-    @tf.function
+    @tf.function(autograph=False)
     def step():
         with tf.GradientTape() as tape:
             out = pipe(FPropContext(training=True), x, head=_head, head_inputs={"y": x, "w": tf.ones([4])})
