@@ -332,10 +332,13 @@ def _shared_timeline(
                 position[d] += 1
             elif ready is not None:
                 waits.append(ready - now)
-        for d in [d for d, (op, _, _) in running.items() if float(cost[op.kind][op.stage]) <= 0.0]:
+        free_ops = [d for d, (op, _, _) in running.items() if float(cost[op.kind][op.stage]) <= 0.0]
+        for d in free_ops:
             op, start, _ = running.pop(d)  # a free op ends where it starts
             done[op] = now
             events.append(Event(start, now, op.stage, op.micro_batch, op.kind, d))
+        if free_ops:  # what waited on them may start now: look again before advancing the clock
+            continue
         if not running:
             if not waits:
                 if any(position[d] < len(orders[d]) for d in range(k_count)):

@@ -109,9 +109,11 @@ def test_flops_of_a_convolution_and_shapes_flow_through_the_stack():
 
 
 def test_measured_seconds_rank_a_big_layer_above_small_ones():
-    big = _projection("big", 256, 256).instantiate()
-    small = _projection("small", 256, 4).instantiate()
-    seconds = partition.measured_seconds([big, small], tf.TensorSpec([256, 256]), repeats=3)
+    # 256 times the multiply-adds (256x2048 against 2048x1 on 256 rows), so that a burst of other
+    # work on a shared machine during two of the repeats cannot reverse the order.
+    big = _projection("big", 256, 2048).instantiate()
+    small = _projection("small", 2048, 1).instantiate()
+    seconds = partition.measured_seconds([big, small], tf.TensorSpec([256, 256]), repeats=5)
     assert all(s > 0 for s in seconds)
     assert seconds[0] > seconds[1]
 

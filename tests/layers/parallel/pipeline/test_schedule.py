@@ -282,3 +282,15 @@ def test_interleaved_device_holds_stages_d_d_plus_k():
     sched = ps.build("interleaved_1f1b", 2, 4, virtual_stages=2)
     assert [sorted({op.stage for op in order}) for order in sched.orders] == [[0, 2], [1, 3]]
     assert [op.micro_batch for op in sched.stage_order(2) if op.kind == ps.FORWARD] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("schedule,v", [("interleaved_1f1b", 2), ("one_f_one_b", 1), ("zb_h1", 1)])
+def test_shared_cores_timeline_runs_free_units(schedule, v):
+    """A unit measured at no cost (a loaded machine's cost differences can come out 0) ends where it
+    starts, and what waits on it runs: the shared-cores event loop once called that a deadlock."""
+    k, m = 2, 4
+    sched = ps.build(schedule, k, m, "never", v)
+    cost = {kind: [1.0] * (k * v) for kind in ps.ALL_KINDS}
+    cost[ps.BACKWARD] = cost[ps.BACKWARD_WEIGHT] = [0.0] * (k * v)
+    evs = ps.timeline(sched.orders, cost, transfer=0.0, alone_speedup=[1.5] * k)
+    assert len(evs) == sum(len(order) for order in sched.orders)
