@@ -91,8 +91,12 @@ class OnDevice:
     # --------------------------------------------------------------------------- running steps
     def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
         """``run(n)``: up to ``n`` steps; (all finite, outputs of the last step run)."""
-        compiled = tracing.graph_function(lambda n: step.run_steps(n, traced=True))
+        compiled = self.loop(step)
         return lambda n: compiled(tf.constant(n, tf.int32))
+
+    def loop(self, step: TrainStep) -> Callable[[tf.Tensor], StepOutputs]:
+        """The tf.function of up to ``n`` steps, looping the step ``step`` traced at construction."""
+        return tracing.graph_function(lambda n: step.run_steps(n, traced=True))
 
     def checkpointer(self, train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
         """What a checkpoint holds: task, learner, global step, and the input position if kept."""

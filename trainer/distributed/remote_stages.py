@@ -172,7 +172,7 @@ class RemoteStages(OnDevice):
         (``tools.benchmark capacity``'s trial, before the step was traced once): the trainer's peak
         went from 1617 to 1216 MiB. TF 2.21 still keeps the step's trace alive through its cond's
         branch functions (holder not found): see docs/benchmark_results.md, capacity."""
-        loop = tracing.graph_function(lambda n: step.run_steps(n, traced=True))
+        loop = self.loop(step)
         with tracing.user_errors(), tf_compat.custom_gradients_released():
             run = tf_compat.without_graph(loop, tf.TensorSpec([], tf.int32))
             del loop
