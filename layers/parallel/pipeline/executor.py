@@ -15,8 +15,10 @@ the gradients at its cut: the outputs of the ops that first combine a weight wit
 (a dense layer's product and bias sum), found in the traced graph; W then asks each segment's tape
 for its weights' gradient from the cut (a dense layer's: its input times the product's gradient), so
 it repeats nothing of I and keeps neither the layer's output nor its output gradient alive (without
-a clean cut, e.g. eagerly, W starts from the segment's output gradient); B does both in one go. The
-weight gradients are summed over micro-batches as the W (or B) units come.
+a clean cut, e.g. eagerly, W starts from the segment's output gradient). B does both in one
+backward pass per segment (input and weight gradients from one tape call), so schedules without W
+units never look for the cut. The weight gradients are summed over micro-batches as the W (or B)
+units come.
 
 The whole pipeline is one ``tf.custom_gradient`` op, so the executor, not the tape, owns the
 backward order. Two ways to run it, chosen from the schedule:
@@ -102,6 +104,8 @@ class PipelineExecutor:
         self.remat, self.ctx, self.has_head = remat, ctx, has_head
         self.meshes = list(meshes or [])  # per schedule device, its stage mesh (pipeline x mesh)
         self.in_step = runs_forwards_after_backwards(schedule)
+        # Only a schedule with W units needs the weight gradient's cut (B takes both in one go).
+        self.splits_weights = any(op.kind == schedules.BACKWARD_WEIGHT for o in schedule.orders for op in o)
         if self.in_step and not has_head:
             raise ConfigError(
                 f"{path}: schedule={schedule.name} runs backwards before later forwards, so each "
@@ -263,10 +267,7 @@ class _Step:
             raise ConfigError(f"{self.ex.path}: {op} runs before the recompute it needs")
         if kind == schedules.BACKWARD_WEIGHT:
             return self._weights(s, m)
-        produced = self._inputs(s, m, dys)
-        if kind == schedules.BACKWARD:
-            produced += self._weights(s, m)
-        return produced
+        return self._inputs(s, m, dys, weights=kind == schedules.BACKWARD)
 
     # ----------------------------------------------------------------------------------- units
     def _forward(self, s: int, m: int) -> list[tf.Tensor]:
@@ -307,12 +308,14 @@ class _Step:
         self.pieces[(s, m)] = pieces
         return ys
 
-    def _inputs(self, s: int, m: int, dys: list[Any]) -> list[Any]:
-        """I: the gradient flowing back through every segment to the stage's input."""
+    def _inputs(self, s: int, m: int, dys: list[Any], weights: bool = False) -> list[Any]:
+        """I: the gradient flowing back through every segment to the stage's input. With ``weights``
+        (B), each segment's weight gradients come from the same backward pass and are summed."""
         if s == self.last_stage and not self.differentiable:
             self.differentiable = self._differentiable(self.pieces[(s, m)][-1], len(self.heads[m]))
-        grads = dys
-        for piece in reversed(self.pieces[(s, m)]):
+        grads, produced = dys, []
+        pieces = self.pieces.pop((s, m)) if weights else self.pieces[(s, m)]
+        for piece in reversed(pieces):
             piece.output_grads = grads
             pairs = [(y, g) for y, g in zip(piece.outputs, grads) if y.dtype.is_floating and g is not None]
             sources = [x for x in piece.inputs]
@@ -320,11 +323,17 @@ class _Step:
                 grads = [None] * len(sources)
                 continue
             ys, gs = zip(*pairs)
+            if weights:
+                variables = list(piece.tape.watched_variables())
+                grads = piece.tape.gradient(list(ys), sources + variables, output_gradients=list(gs))
+                produced += self._add_to_sums(s, variables, grads[len(sources) :])
+                grads = grads[: len(sources)]
+                continue
             cut = [t for _, ts in piece.frontier or [] for t in ts]
             grads = piece.tape.gradient(list(ys), sources + cut, output_gradients=list(gs))
             grads, piece.frontier_grads = grads[: len(sources)], grads[len(sources) :]
         self.in_grads[(s, m)] = list(grads)
-        return list(grads)
+        return list(grads) + produced
 
     def _weights(self, s: int, m: int) -> list[Any]:
         """W: each segment's weight gradient from its output gradient, added to the step's sums."""
@@ -344,14 +353,20 @@ class _Step:
             else:
                 ys, gs = zip(*pairs)
                 grads = piece.tape.gradient(list(ys), variables, output_gradients=list(gs))
-            with tf.name_scope(SUMS_SCOPE):  # the sums belong to no one micro-batch
-                for v, g in zip(variables, grads):
-                    if g is None:
-                        continue
-                    key = v.ref()
-                    self.var_stage[key] = s
-                    self.sums[key] = g if key not in self.sums else _add_grads(self.sums[key], g)
-                    produced.append(self.sums[key])
+            produced += self._add_to_sums(s, variables, grads)
+        return produced
+
+    def _add_to_sums(self, s: int, variables: list[tf.Variable], grads: list[Any]) -> list[Any]:
+        """Adds one micro-batch's weight gradients to the step's sums; the sums it changed."""
+        produced = []
+        with tf.name_scope(SUMS_SCOPE):  # the sums belong to no one micro-batch
+            for v, g in zip(variables, grads):
+                if g is None:
+                    continue
+                key = v.ref()
+                self.var_stage[key] = s
+                self.sums[key] = g if key not in self.sums else _add_grads(self.sums[key], g)
+                produced.append(self.sums[key])
         return produced
 
     # ------------------------------------------------------------------------------- helpers
@@ -393,7 +408,8 @@ class _Step:
                 x = segment(ctx, x)
             flat_out = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
             x = tf.nest.pack_sequence_as(x, flat_out)
-            frontier = None if self.ex.meshes else _weight_frontier(tape, flat_in, flat_out)
+            split = self.ex.splits_weights and not self.ex.meshes
+            frontier = _weight_frontier(tape, flat_in, flat_out) if split else None
             pieces.append(_Piece(tape, flat_in, flat_out, frontier=frontier))
         return [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)], x
 
