@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from params.errors import ConfigError
@@ -28,6 +31,21 @@ def split_indices(num_examples: int, split: str, seed: int) -> np.ndarray:
     return order[start:end]
 
 
+def load_digits_file() -> tuple[np.ndarray, np.ndarray]:
+    """(images [1797, 8, 8] float64 in 0..16, labels [1797] int): what ``sklearn.datasets.load_digits``
+    returns, read from the file scikit-learn bundles (datasets/data/digits.csv.gz) without importing
+    scikit-learn, whose import (SciPy included) was a second of CPU in every trainer's start."""
+    spec = importlib.util.find_spec("sklearn")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0]) / "datasets" / "data" / "digits.csv.gz" if locations else None
+    if path is None or not path.is_file():
+        raise ConfigError(
+            "the digits data set needs scikit-learn's bundled digits.csv.gz; pip install scikit-learn"
+        )
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 class DigitsInput(BaseInput):
     """The 1797 8x8 grayscale digits of ``sklearn.datasets.load_digits``, split train/dev/test.
 
@@ -52,12 +70,10 @@ class DigitsInput(BaseInput):
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """(images [n, 8, 8, 1] float32 in [0, 1], labels [n] int32) of this split, in split order."""
-        from sklearn.datasets import load_digits  # imported here: only this input needs scikit-learn
-
-        digits = load_digits()
-        index = split_indices(len(digits.target), self.params.split, self.params.split_seed)
-        images = (digits.images[index] / 16.0).astype(np.float32)[..., np.newaxis]
-        return images, digits.target[index].astype(np.int32)
+        all_images, all_labels = load_digits_file()
+        index = split_indices(len(all_labels), self.params.split, self.params.split_seed)
+        images = (all_images[index] / 16.0).astype(np.float32)[..., np.newaxis]
+        return images, all_labels[index].astype(np.int32)
 
     def in_memory(self) -> dict[str, np.ndarray]:
         images, labels = self.load()

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from params.errors import ConfigError
+from tasks.image import input as input_lib
 from tasks.image.input import DigitsInput
 
 
@@ -18,6 +19,15 @@ def test_splits_have_the_documented_sizes_and_cover_every_image() -> None:
     sizes = {s: len(_load(s)[1]) for s in ("train", "dev", "test")}
     assert sizes == {"train": 1257, "dev": 270, "test": 270}
     assert sum(sizes.values()) == 1797
+
+
+def test_the_bundled_file_reads_as_scikit_learn_loads_it() -> None:
+    from sklearn.datasets import load_digits
+
+    images, labels = input_lib.load_digits_file()
+    digits = load_digits()
+    np.testing.assert_array_equal(images, digits.images)
+    np.testing.assert_array_equal(labels, digits.target)
 
 
 def test_splits_are_disjoint() -> None:
