@@ -204,6 +204,30 @@ def _sides(args: argparse.Namespace, cores: list[int], logdir: str) -> list[tupl
     return sides
 
 
+def best_rates(runs: list[tuple[str, dict]]) -> dict[str, float]:
+    """Each side's best examples/s over its rounds' figures (a run without rate lines counts none)."""
+    best: dict[str, float] = {}
+    for key, figure in runs:
+        if figure["examples_per_sec"] is not None:
+            best[key] = max(best.get(key, 0.0), figure["examples_per_sec"])
+    return best
+
+
+def ratios_of(best: dict[str, float]) -> dict:
+    """The ratios of the sides' best rates (``one`` and ``sync`` present); each product of two is
+    ``sync_over_one``."""
+    ratios: dict = {"sync_over_one": round(best["sync"] / best["one"], 3), "examples_per_sec": best}
+    if "sync1" in best:  # sync_over_one = sync1_over_one * sync_over_sync1
+        ratios["sync1_over_one"] = round(best["sync1"] / best["one"], 3)
+        ratios["sync_over_sync1"] = round(best["sync"] / best["sync1"], 3)
+    if "independent" in best:  # sync_over_one = independent_over_one * sync_over_independent
+        ratios["independent_over_one"] = round(best["independent"] / best["one"], 3)
+        ratios["sync_over_independent"] = round(best["sync"] / best["independent"], 3)
+    if "async" in best:
+        ratios["async_over_one"] = round(best["async"] / best["one"], 3)
+    return ratios
+
+
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     cores = _cores()
@@ -216,7 +240,7 @@ def main(argv: list[str]) -> int:
     if args.batch_size < 2 or args.batch_size % 2:
         print(f"multiworker: --batch_size must be even (2 workers), got {args.batch_size}", file=sys.stderr)
         return 2
-    best: dict[str, float] = {}
+    runs: list[tuple[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="multiworker-") as tmp:
         for r in range(1, args.rounds + 1):
             for key, name, workers, tasks, pins in _sides(args, cores, f"{tmp}/round{r}"):
@@ -227,25 +251,12 @@ def main(argv: list[str]) -> int:
                     return 1
                 figure = _figure(name, rates, args.skip_lines, workers)
                 print(json.dumps({**figure, "round": r}), flush=True)
-                if figure["examples_per_sec"] is not None:
-                    best[key] = max(best.get(key, 0.0), figure["examples_per_sec"])
+                runs.append((key, figure))
+    best = best_rates(runs)
     if "one" not in best or "sync" not in best:
         print("multiworker: a run printed no rate lines; use more --steps", file=sys.stderr)
         return 1
-    ratios = {
-        "benchmark": "multiworker",
-        "sync_over_one": round(best["sync"] / best["one"], 3),
-        "examples_per_sec": best,
-        "rounds": args.rounds,
-    }
-    if "sync1" in best:  # sync_over_one = sync1_over_one * sync_over_sync1
-        ratios["sync1_over_one"] = round(best["sync1"] / best["one"], 3)
-        ratios["sync_over_sync1"] = round(best["sync"] / best["sync1"], 3)
-    if "independent" in best:  # sync_over_one = independent_over_one * sync_over_independent
-        ratios["independent_over_one"] = round(best["independent"] / best["one"], 3)
-        ratios["sync_over_independent"] = round(best["sync"] / best["independent"], 3)
-    if "async" in best:
-        ratios["async_over_one"] = round(best["async"] / best["one"], 3)
+    ratios = {"benchmark": "multiworker", **ratios_of(best), "rounds": args.rounds}
     load = round(os.getloadavg()[0], 2)
     ratios.update(model=args.model, gin_param=args.gin_param, global_batch=args.batch_size, steps=args.steps)
     ratios["loadavg_1m"] = load
