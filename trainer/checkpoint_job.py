@@ -9,12 +9,17 @@ done). A checkpoint deleted by retention before the job reached it is skipped wi
 
 The job restores the task's variables into its own task instance (built with the data set's
 task_overrides), so it runs the same way inside the trainer's process or in a process of its own.
+Jobs of one process may share a ``SharedTasks``: then jobs whose task Params are equal (an evaler and
+a decoder of one data set, or dev and test without task_overrides) use one task instance and one
+compiled function per kind, so the model is built and traced once, not once per job; each job still
+restores the checkpoint it processes (a restore the shared task already holds is skipped).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -28,6 +33,37 @@ from trainer.summaries import SummaryWriter
 CHECKPOINT_CHOICES = ("all", "latest")
 
 
+class SharedTasks:
+    """Task instances and compiled functions shared by the checkpoint jobs of one process, keyed by
+    the task Params' text: jobs with equal task Params get the same instance and functions."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Any] = {}
+        self._functions: dict[tuple[int, str], Callable] = {}
+        self._restored: dict[int, str] = {}  # id(task) -> the checkpoint path it holds
+
+    def task(self, task_params: Params) -> Any:
+        key = task_params.to_text()
+        if key not in self._tasks:
+            self._tasks[key] = task_params.instantiate()
+        return self._tasks[key]
+
+    def function(self, task: Any, kind: str, make: Callable[[Any], Callable]) -> Callable:
+        """``make(task)``, once per task and kind (eval, decode)."""
+        key = (id(task), kind)
+        if key not in self._functions:
+            self._functions[key] = make(task)
+        return self._functions[key]
+
+    def restore(self, task: Any, path: str) -> None:
+        """``checkpointer.restore_task``, skipped when ``task`` already holds ``path``."""
+        if self._restored.get(id(task)) == path:
+            return
+        self._restored.pop(id(task), None)
+        checkpointer.restore_task(task, path)
+        self._restored[id(task)] = path
+
+
 class CheckpointJob:
     """Base class: finds checkpoints to process, records them as done. Subclasses define ``kind``
     and ``process(step) -> metrics``."""
@@ -36,7 +72,12 @@ class CheckpointJob:
     settings = ""  # the task's settings group with samples_per_summary: eval, decode
 
     def __init__(
-        self, root: Params, logdir: str, dataset: str, log: Callable[[str], None] = print_line
+        self,
+        root: Params,
+        logdir: str,
+        dataset: str,
+        log: Callable[[str], None] = print_line,
+        shared: SharedTasks | None = None,
     ) -> None:
         if dataset not in root.input.names() or dataset == "train":
             others = [n for n in root.input.names() if n != "train"]
@@ -56,7 +97,8 @@ class CheckpointJob:
             raise ConfigError(f"task.eval.checkpoints: expected all or latest, got {self.mode!r}")
         self.poll_interval_seconds = float(self.task_params.eval.poll_interval_seconds)
         self.samples_per_summary = int(self.task_params.get(f"{self.settings}.samples_per_summary"))
-        self.task = self.task_params.instantiate()
+        self.shared = shared or SharedTasks()
+        self.task = self.shared.task(self.task_params)
         self.input = root.input.get(dataset).instantiate()
         self._scores_path = files.join(self.directory, "scores.jsonl")
         self._records = files.read_jsonl(self._scores_path)
@@ -113,7 +155,7 @@ class CheckpointJob:
         count = 0
         for step, path in self.pending():
             try:
-                checkpointer.restore_task(self.task, path)
+                self.shared.restore(self.task, path)
             except checkpointer.CheckpointGoneError:
                 self._skipped.add(step)
                 self._log(f"{self.name}: skipped {path}: deleted (save_max_to_keep) before it was read")

@@ -31,7 +31,7 @@ class Decoder(CheckpointJob):
         super().__init__(*args, **kwargs)
         if not implements_decode(type(self.task)):
             raise ConfigError(f"{self.name}: task {type(self.task).__name__} does not implement decode()")
-        self._decode_batch = compiled_decode(self.task)
+        self._decode_batch = self.shared.function(self.task, "decode", compiled_decode)
 
     def process(self, step: int) -> dict[str, float]:
         values, records = decode_all(self.task, self._decode_batch, self.batches(), step)

@@ -53,7 +53,7 @@ class Evaler(CheckpointJob):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._eval_batch = compiled_batch_metrics(self.task)
+        self._eval_batch = self.shared.function(self.task, "eval", compiled_batch_metrics)
 
     def process(self, step: int) -> dict[str, float]:
         means = weighted_means(self._eval_batch, self.batches(), step)

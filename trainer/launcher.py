@@ -25,7 +25,7 @@ from absl import logging as absl_logging
 from params.errors import ConfigError
 from params.hyperparams import Params
 from trainer import checkpointer, cluster, files
-from trainer.checkpoint_job import CheckpointJob, run_until_finished
+from trainer.checkpoint_job import CheckpointJob, SharedTasks, run_until_finished
 from trainer.decoder_job import Decoder, implements_decode
 from trainer.distributed import peers as cluster_wait
 from trainer.distributed import remote_stages
@@ -118,11 +118,12 @@ def _run_jobs(
     # Connecting resets TensorFlow's context: before any job makes a resource (a summary writer).
     placement = remote_stages.placement(stages, log) if stages else None
     checkpoint_jobs: list[CheckpointJob] = []
+    shared = SharedTasks()  # jobs with equal task Params build and trace the model once
     try:
         for name in names:
             kind, _, dataset = name.partition("_")
             if kind in JOB_KINDS:
-                checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log))
+                checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log, shared=shared))
         if "trainer" in names:
             _train(root, opened, checkpoint_jobs, log, placement)
         else:

@@ -10,6 +10,7 @@ from params import experiment
 from params.errors import ConfigError
 from tests.trainer import runner
 from trainer import checkpointer
+from trainer.checkpoint_job import SharedTasks
 from trainer.decoder_job import Decoder
 from trainer.evaler_job import Evaler
 from trainer.train_job import TrainLoop
@@ -101,3 +102,38 @@ def test_samples_per_summary_limits_the_examples_decoded(trained, data_dir, tmp_
         for x in (logdir / "decoder_test" / "scores.jsonl").read_text().splitlines()
     ] == [16, 16, 16]
     decoder.close()
+
+
+def test_jobs_with_equal_task_params_share_one_task_and_its_traces(trained, data_dir, tmp_path):
+    """An evaler and a decoder per data set, as one trainer process runs them: one model, one trace
+    per kind, and the scores of jobs that each built their own."""
+    logdir, alone_dir = _copy_run(trained, tmp_path / "shared"), _copy_run(trained, tmp_path / "alone")
+    root = _root(data_dir)
+    shared = SharedTasks()
+    jobs = [
+        kind(root, str(logdir), dataset, log=lambda _: None, shared=shared)
+        for dataset in ("dev", "test")
+        for kind in (Evaler, Decoder)
+    ]
+    assert len({id(job.task) for job in jobs}) == 1
+    assert jobs[0]._eval_batch is jobs[2]._eval_batch and jobs[1]._decode_batch is jobs[3]._decode_batch
+    assert [job.run_pending() for job in jobs] == [3, 3, 3, 3]
+    for job in jobs:
+        job.close()
+    for name in ("eval_dev", "decoder_dev", "eval_test", "decoder_test"):
+        alone = {"eval": Evaler, "decoder": Decoder}[name.split("_")[0]](
+            root, str(alone_dir), name.split("_")[1], log=lambda _: None
+        )
+        assert alone.run_pending() == 3
+        alone.close()
+        assert (logdir / name / "scores.jsonl").read_text() == (alone_dir / name / "scores.jsonl").read_text()
+    # A different task (dev's overrides) gets a task of its own.
+    other = Evaler(
+        _root(data_dir, "input.dev.task_overrides : {'eval.samples_per_summary': 8}"),
+        str(logdir),
+        "dev",
+        log=lambda _: None,
+        shared=shared,
+    )
+    assert other.task is not jobs[0].task
+    other.close()
