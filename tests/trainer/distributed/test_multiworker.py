@@ -81,8 +81,10 @@ def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once
 
 
 @pytest.mark.slow
-def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
-    logdir, single = tmp_path / "run", tmp_path / "one"
+def test_killing_a_sync_worker_stops_the_other_in_one_line_and_keeps_the_checkpoints(tmp_path):
+    """The restart after a stop (both workers again, equal to one process) is checked once, after
+    SIGTERM (test_sigterm_to_a_sync_trainer_...[1]): it resumes from the last checkpoint either way."""
+    logdir = tmp_path / "run"
     endless = cr.override(100000, 10)
     with cr.Procs(tmp_path) as procs:
         workers = cr.sync_workers(procs, 2, [CONVNET, f"--logdir={logdir}", f"--params_override={endless}"])
@@ -94,9 +96,9 @@ def test_killing_a_sync_worker_stops_the_other_and_a_restart_resumes(tmp_path):
         assert len(errors) == 1 and "worker:0 stopped" in errors[0] and "worker:1 (127.0.0.1:" in errors[0], (
             errors
         )
-        saved = max(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
-
-        _restart_equals_one_process(procs, logdir, single, saved, 10)
+    saved = sorted(int(p.name[5:-6]) for p in (logdir / "train").glob("ckpt-*.index"))
+    assert saved and saved[-1] >= 20 and "Traceback" not in out
+    assert not (logdir / "train/LOCK").exists()
 
 
 @pytest.mark.slow
