@@ -361,13 +361,22 @@ class GPipeLayer(BaseLayer):
                 "step); replicate the pipelined model with --mode=sync workers instead"
             )
         try:
-            return [
+            meshes = [
                 mesh_lib.create_mesh(shape, names, rules, device_type, first_device=d * size)
                 for d in range(k)
             ]
         except ConfigError as e:
             msg = str(e).replace("cluster.layout_rules", "stage_layout_rules")
             raise ConfigError(f"{self.path}: {msg}") from None
+        if not mesh_lib.keep_all_reduces_apart():
+            raise ConfigError(
+                f"{self.path}: stage_mesh_shape needs DTensor's all-reduce combiner off (merged "
+                "all-reduces of two stages' micro-batches wait for each other across the meshes: the "
+                "step hangs), but this process made DTensor's device before any mesh of "
+                f"layers.parallel.mesh.create_mesh, with it on; set {mesh_lib.COMBINE_ALL_REDUCES_ENV}=0 "
+                "in the environment"
+            )
+        return meshes
 
     @property
     def stage_meshes(self) -> list[mesh_lib.DeviceMesh]:
