@@ -357,8 +357,8 @@ class GPipeLayer(BaseLayer):
         if batch_axis is not None:
             raise ConfigError(
                 f"{self.path}: stage_layout_rules splits 'batch' over {batch_axis!r}: a data axis inside "
-                "a stage's mesh is not supported (TensorFlow 2.21's DTensor hung on such a pipeline's "
-                "step); replicate the pipelined model with --mode=sync workers instead"
+                "a stage's mesh is not supported (TensorFlow 2.21's DTensor cannot split micro-batches "
+                "along a sharded batch); replicate the pipelined model with --mode=sync workers instead"
             )
         try:
             meshes = [
