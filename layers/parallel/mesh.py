@@ -257,12 +257,12 @@ def keep_all_reduces_apart() -> bool:
     Why (TensorFlow 2.21): DTensor's ``DTensorAllReduceCombineOptimization`` merges the all-reduces
     of one mesh's function that do not depend on each other *inside that function*. With several
     meshes in one step (a GPipe pipeline over stage meshes, layers/parallel/pipeline) two of them may
-    depend on each other through another mesh: stage 0's forward all-reduce of micro-batch 1 feeds
+    depend on each other through another mesh, e.g. stage 0's forward all-reduce of micro-batch 1 feeds
     stage 1, which must run before stage 1 sends back the gradient that stage 0's backward all-reduce
     of micro-batch 0 reduces. Merged into one all-reduce, each waits for the other: the step hung with
     every thread idle. The combiner is built into DTensor's pass pipeline once, when its device is
-    made, and only this environment variable leaves it out. One mesh loses nothing but fewer, larger
-    all-reduces. Detecting whether the device exists uses a private name (listed and checked in
+    made, and only this environment variable leaves it out. A single mesh loses only the merging of
+    independent all-reduces. Detecting whether the device exists uses a private name (listed and checked in
     trainer/tf_compat.py)."""
     from tensorflow.dtensor.python import api
 

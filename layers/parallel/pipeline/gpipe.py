@@ -370,8 +370,8 @@ class GPipeLayer(BaseLayer):
             raise ConfigError(f"{self.path}: {msg}") from None
         if not mesh_lib.keep_all_reduces_apart():
             raise ConfigError(
-                f"{self.path}: stage_mesh_shape needs DTensor's all-reduce combiner off (merged "
-                "all-reduces of two stages' micro-batches wait for each other across the meshes: the "
+                f"{self.path}: stage_mesh_shape needs DTensor's all-reduce combiner off (two merged "
+                "all-reduces of a stage can wait for each other through the next stage's mesh: the "
                 "step hangs), but this process made DTensor's device before any mesh of "
                 f"layers.parallel.mesh.create_mesh, with it on; set {mesh_lib.COMBINE_ALL_REDUCES_ENV}=0 "
                 "in the environment"
