@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,10 @@ from tensorflow.experimental import dtensor
 from params.errors import ConfigError
 
 SplitMapping = list  # one mesh axis name (str) or None per tensor dimension
+
+# DTensor's switch for its all-reduce combiner (read once, when its device is made); see
+# keep_all_reduces_apart.
+COMBINE_ALL_REDUCES_ENV = "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION"
 
 _ACTIVE: contextvars.ContextVar[DeviceMesh | None] = contextvars.ContextVar("tensorpipe_mesh", default=None)
 
@@ -204,6 +209,7 @@ def create_mesh(
     varying fastest (so it stays within a process when each process holds a multiple of its size).
 
     ``first_device``: the mesh takes the logical devices from this index on (a GPipe stage's submesh)."""
+    keep_all_reduces_apart()  # before any DTensor op: every one needs a mesh made here
     shape, names = list(mesh_shape), list(mesh_axis_names)
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
         raise ConfigError(f"cluster.mesh_shape: expected a non-empty list of ints >= 1, got {mesh_shape!r}")
@@ -242,6 +248,27 @@ def create_mesh(
         device_type=device_type,
     )
     return DeviceMesh(mesh, parse_layout_rules(layout_rules))
+
+
+def keep_all_reduces_apart() -> bool:
+    """Turns DTensor's all-reduce combiner off for the DTensor device this process has not made yet;
+    whether it is off for the device the process uses (False: that device was made with it on).
+
+    Why (TensorFlow 2.21): DTensor's ``DTensorAllReduceCombineOptimization`` merges the all-reduces
+    of one mesh's function that do not depend on each other *inside that function*. With several
+    meshes in one step (a GPipe pipeline over stage meshes, layers/parallel/pipeline) two of them may
+    depend on each other through another mesh, e.g. stage 0's forward all-reduce of micro-batch 1 feeds
+    stage 1, which must run before stage 1 sends back the gradient that stage 0's backward all-reduce
+    of micro-batch 0 reduces. Merged into one all-reduce, each waits for the other: the step hung with
+    every thread idle. The combiner is built into DTensor's pass pipeline once, when its device is
+    made, and only this environment variable leaves it out. A single mesh loses only the merging of
+    independent all-reduces. Detecting whether the device exists uses a private name (listed and checked in
+    trainer/tf_compat.py)."""
+    from tensorflow.dtensor.python import api
+
+    if api._dtensor_singleton is None:  # noqa: SLF001
+        os.environ[COMBINE_ALL_REDUCES_ENV] = "0"
+    return os.environ.get(COMBINE_ALL_REDUCES_ENV) == "0"
 
 
 @contextlib.contextmanager

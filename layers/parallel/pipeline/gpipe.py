@@ -357,17 +357,26 @@ class GPipeLayer(BaseLayer):
         if batch_axis is not None:
             raise ConfigError(
                 f"{self.path}: stage_layout_rules splits 'batch' over {batch_axis!r}: a data axis inside "
-                "a stage's mesh is not supported (TensorFlow 2.21's DTensor hung on such a pipeline's "
-                "step); replicate the pipelined model with --mode=sync workers instead"
+                "a stage's mesh is not supported (TensorFlow 2.21's DTensor cannot split micro-batches "
+                "along a sharded batch); replicate the pipelined model with --mode=sync workers instead"
             )
         try:
-            return [
+            meshes = [
                 mesh_lib.create_mesh(shape, names, rules, device_type, first_device=d * size)
                 for d in range(k)
             ]
         except ConfigError as e:
             msg = str(e).replace("cluster.layout_rules", "stage_layout_rules")
             raise ConfigError(f"{self.path}: {msg}") from None
+        if not mesh_lib.keep_all_reduces_apart():
+            raise ConfigError(
+                f"{self.path}: stage_mesh_shape needs DTensor's all-reduce combiner off (two merged "
+                "all-reduces of a stage can wait for each other through the next stage's mesh: the "
+                "step hangs), but this process made DTensor's device before any mesh of "
+                f"layers.parallel.mesh.create_mesh, with it on; set {mesh_lib.COMBINE_ALL_REDUCES_ENV}=0 "
+                "in the environment"
+            )
+        return meshes
 
     @property
     def stage_meshes(self) -> list[mesh_lib.DeviceMesh]:

@@ -2,15 +2,24 @@
 four logical CPU devices (tests/conftest.py) trains exactly like the unsharded, unpipelined stack, for
 fill-drain and 1F1B; an impossible combination is one ConfigError line naming the knobs."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from layers import core
+from layers import core, transformer
 from layers.base_layer import FPropContext
+from layers.parallel import mesh as mesh_lib
 from layers.parallel.pipeline import gpipe
 from params.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[4]
 
 BATCH, IN_DIM, HIDDEN, OUT_DIM = 8, 6, 8, 4
 STEPS, LR, TOL = 3, 0.1, 1e-5
@@ -182,3 +191,142 @@ def test_impossible_combinations_fail_in_one_line(settings, layers, words):
     assert "\n" not in message
     for word in words:
         assert word in message, message
+
+
+# Six projections, three a stage: each stage ends on a hidden (split) activation and holds a row-split
+# weight, so both meshes all-reduce in the forward and the backward. With DTensor's all-reduce
+# combiner on, stage 0's forward all-reduce of micro-batch 1 and its backward one of micro-batch 0
+# (independent inside stage 0's function, dependent through stage 1's) were merged and the step hung
+# with every thread idle (TensorFlow 2.21). In a fresh process, bounded by a timeout.
+_COMBINED_ALL_REDUCES = textwrap.dedent(
+    """
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4
+    )
+    from tensorflow.experimental import dtensor
+
+    from layers import core
+    from layers.base_layer import FPropContext
+    from layers.parallel.pipeline import gpipe
+
+    schedule = sys.argv[1]
+    if schedule == "device_first":  # DTensor's device made before any mesh: refused, not hung
+        dtensor.device_name()
+        schedule = "fill_drain"
+
+    def stack():
+        dims, names = [4, 8, 4, 8, 4, 8, 4], ["embed", "hidden"] * 3 + ["embed"]
+        return [
+            core.ProjectionLayer.Params().set(
+                name=f"fc{i}", input_dim=dims[i], output_dim=dims[i + 1], input_dim_name=names[i],
+                output_dim_name=names[i + 1], activation="tanh",
+            )
+            for i in range(6)
+        ]
+
+    pipe = gpipe.GPipeLayer.Params().set(
+        name="net", layers=stack(), num_stages=2, num_micro_batches=2, schedule=schedule,
+        stage_mesh_shape=[2], stage_mesh_axis_names=["model"], stage_layout_rules="hidden:model",
+    ).instantiate()
+    plain = core.SequentialLayer.Params().set(name="net", sub=stack()).instantiate()
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(4, 4)).astype("f"), rng.normal(size=(4, 4)).astype("f")
+
+    def step(model, x, y, piped):
+        variables = model.trainable_variables
+
+        @tf.function
+        def run():
+            ctx = FPropContext(training=True)
+            with tf.GradientTape() as tape:
+                if piped:
+                    per = model(ctx, x, head=lambda c, o, t: tf.reduce_sum((o - t) ** 2, -1), head_inputs=y)
+                else:
+                    per = tf.reduce_sum((model(ctx, x) - y) ** 2, -1)
+                loss = tf.reduce_sum(per)
+            for v, g in zip(variables, tape.gradient(loss, variables)):
+                v.assign_sub(0.1 * g)
+
+        run()
+        return {v.name: whole(v) if piped else v.numpy() for v in variables}
+
+    def whole(v):
+        replicated = dtensor.Layout.replicated(dtensor.fetch_layout(v).mesh, v.shape.rank)
+        return dtensor.unpack(dtensor.relayout(v.read_value(), replicated))[0].numpy()
+
+    x_in, y_in = pipe.input_mesh.to_layout(x, [None, None]), pipe.output_mesh.to_layout(y, [None, None])
+    got = step(pipe, x_in, y_in, True)
+    want = step(plain, tf.constant(x), tf.constant(y), False)
+    print("max_weight_diff", max(float(np.max(np.abs(got[k] - want[k]))) for k in want))
+    """
+)
+
+
+def _run_fresh(argument: str, timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop(mesh_lib.COMBINE_ALL_REDUCES_ENV, None)  # this process's meshes set it: the child must itself
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", _COMBINED_ALL_REDUCES, argument],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a pipeline x mesh step ({argument}) did not end in {timeout:.0f} s: hung")
+
+
+def test_stages_whose_all_reduces_depend_across_meshes_do_not_hang():
+    result = _run_fresh("fill_drain", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    diff = float(result.stdout.split("max_weight_diff")[-1])
+    assert diff <= TOL, result.stdout
+
+
+def test_a_dtensor_device_made_with_the_combiner_on_is_refused_in_one_line():
+    result = _run_fresh("device_first", timeout=300)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "ConfigError" in last and "stage_mesh_shape" in last, last
+    assert f"set {mesh_lib.COMBINE_ALL_REDUCES_ENV}=0" in last, last
+
+
+def _transformer_layers() -> list:
+    """Two Transformer layers (model width 8, 2 heads, feed-forward 16), one a stage."""
+    return [
+        transformer.TransformerLayer.Params().set(
+            name=f"layer{i}", model_dim=8, num_heads=2, hidden_dim=16, fused_qkv=False
+        )
+        for i in range(2)
+    ]
+
+
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+def test_transformer_layers_on_stage_meshes_train_like_the_plain_stack(schedule):
+    """Heads and the feed-forward hidden dimension split over each stage's 2-way mesh (attention and
+    feed-forward all-reduces in both stages): 1F1B's step over two such stages hung before the
+    all-reduce combiner was turned off."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(BATCH, 3, 8)).astype(np.float32)
+    y = rng.normal(size=(BATCH, 3, 8)).astype(np.float32)
+    pipe = _pipeline(schedule, layers=_transformer_layers(), stage_layout_rules="hidden:model;heads:model")
+    sharded = [v.name for v in pipe.trainable_variables if "model" in dtensor.fetch_layout(v).sharding_specs]
+    assert len(sharded) >= 8, sharded  # each layer's q/k/v, output and both feed-forward weights
+    got = _train(
+        pipe,
+        pipe.input_mesh.to_layout(x, [None, None, None]),
+        pipe.output_mesh.to_layout(y, [None, None, None]),
+        True,
+    )
+    plain = core.SequentialLayer.Params().set(name="net", sub=_transformer_layers()).instantiate()
+    want = _train(plain, tf.constant(x), tf.constant(y), False)
+    assert np.max(np.abs(got[0] - want[0])) <= TOL, (got[0], want[0])
+    assert got[0][-1] < got[0][0]
+    for got_part, want_part in zip(got[1:], want[1:]):
+        assert sorted(got_part) == sorted(want_part)
+        for name, value in got_part.items():
+            assert np.max(np.abs(value - want_part[name])) <= TOL, name
