@@ -251,8 +251,8 @@ def create_mesh(
 
 
 def keep_all_reduces_apart() -> bool:
-    """Turns DTensor's all-reduce combiner off for the DTensor device this process has not made yet;
-    whether it is off for the device the process uses (False: that device was made with it on).
+    """Turns DTensor's all-reduce combiner off for the DTensor device this process has not made yet,
+    unless the environment already says otherwise; whether it is off.
 
     Why (TensorFlow 2.21): DTensor's ``DTensorAllReduceCombineOptimization`` merges the all-reduces
     of one mesh's function that do not depend on each other *inside that function*. With several
@@ -261,14 +261,15 @@ def keep_all_reduces_apart() -> bool:
     stage 1, which must run before stage 1 sends back the gradient that stage 0's backward all-reduce
     of micro-batch 0 reduces. Merged into one all-reduce, each waits for the other: the step hung with
     every thread idle. The combiner is built into DTensor's pass pipeline once, when its device is
-    made, and only this environment variable leaves it out. A single mesh loses only the merging of
-    independent all-reduces. Detecting whether the device exists uses a private name (listed and checked in
-    trainer/tf_compat.py)."""
-    from tensorflow.dtensor.python import api
+    made, and only this environment variable (read by TensorFlow's C++; checked in trainer/tf_compat.py)
+    leaves it out. A single mesh loses only the merging of independent all-reduces. Called when this
+    module is imported and by ``create_mesh``, so it runs before any mesh of this project makes the
+    device; a script that makes DTensor's device itself before importing layers keeps the combiner."""
+    os.environ.setdefault(COMBINE_ALL_REDUCES_ENV, "0")
+    return os.environ[COMBINE_ALL_REDUCES_ENV] == "0"
 
-    if api._dtensor_singleton is None:  # noqa: SLF001
-        os.environ[COMBINE_ALL_REDUCES_ENV] = "0"
-    return os.environ.get(COMBINE_ALL_REDUCES_ENV) == "0"
+
+keep_all_reduces_apart()  # before DTensor's device is made: the variable is read once, then
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ which is also what the pipeline trains (equal to the unpipelined model at M=1).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -369,12 +370,12 @@ class GPipeLayer(BaseLayer):
             msg = str(e).replace("cluster.layout_rules", "stage_layout_rules")
             raise ConfigError(f"{self.path}: {msg}") from None
         if not mesh_lib.keep_all_reduces_apart():
+            env = mesh_lib.COMBINE_ALL_REDUCES_ENV
             raise ConfigError(
                 f"{self.path}: stage_mesh_shape needs DTensor's all-reduce combiner off (two merged "
                 "all-reduces of a stage can wait for each other through the next stage's mesh: the "
-                "step hangs), but this process made DTensor's device before any mesh of "
-                f"layers.parallel.mesh.create_mesh, with it on; set {mesh_lib.COMBINE_ALL_REDUCES_ENV}=0 "
-                "in the environment"
+                f"step hangs), but the environment turns it on ({env}={os.environ.get(env)!r}); "
+                f"set {env}=0 in the environment"
             )
         return meshes
 
