@@ -4,20 +4,37 @@ The pipeline is the dense stack of ``tools.benchmark gpipe`` (``gpipe.py``'s mod
 GPipeLayer of dense layers, the squared error computed per micro-batch in the last stage, plain SGD).
 A cross-process side is a client process (the trainer's role: it builds the model with stage k on
 ``/job:worker/task:k/device:CPU:0``, connected with ``tf.config.experimental_connect_to_cluster``) and
-K stage processes (``tf.distribute.Server``, as ``python -m trainer --mode=stages`` runs); each stage
-process is pinned to its own core with 1 intra-op and 2 inter-op threads. The batch and its targets
-are made on the first and last stage's devices once (what the stages exchange is measured, not the
-trainer's input pipeline); each SGD update runs on its variable's device.
+K stage processes (``tf.distribute.Server``, as ``python -m trainer --mode=stages`` runs), each with
+1 intra-op and 2 inter-op threads. The batch and its targets are made on the first and last stage's
+devices once (what the stages exchange is measured, not the trainer's input pipeline); each SGD
+update runs on its variable's device.
+
+The speed figures take two comma-separated options, and every combination runs in the same
+alternating rounds (one line each per figure, naming its ``schedule`` and ``stage_cpus``):
+
+- ``--schedule`` (default ``fill_drain``, GPipe's; also ``one_f_one_b``, ``zb_h1``, ``zb_h2``): the
+  pipeline's schedule, the same on both pipelined sides (one process and across processes). Its
+  unit-time speedup (F = I = W = 1, B = I + W, no hand-off cost) is ``theory`` in the
+  remote_speedup_k2 line: 2M/(M+K-1) = 1.78 for fill-drain and 1F1B, 1.92 for ZB-H1 (its bubble
+  (K-1)(F+I-W) is a third of fill-drain's at K=2, and a stage hands its input gradient on before it
+  computes its weight gradients).
+- ``--stage_cpus`` (default ``own``): ``own`` pins each stage process to its own core; ``shared``
+  lets both stage processes run on the pipeline's two cores, as the one-process side's logical
+  devices do (a stage alone, in the fill and drain, then runs its independent ops on the idle core).
 
 - remote_speed_vs_local_k2: the step seconds of K=2 on logical devices in one process (gpipe.py's
   pipeline side: the same 2 cores, 1 intra-op and 2 inter-op threads) over the step seconds of K=2
-  across processes. Higher is better; below 1 is the price of gRPC hand-offs and of stages bound to
-  their processes.
+  across processes. Higher is better; below 1 is the price of gRPC hand-offs (and, with
+  ``--stage_cpus=own``, of stages bound to their cores).
 - remote_speedup_k2: the plain stack (no GPipe layer, no remat) on one core, 1 intra-op thread, over
   the K=2 cross-process step. Speed model: 16 dense layers of width 1024, relu, global batch 4096,
-  M=8, remat never (theory 2M/(M+K-1) = 1.78).
+  M=8, remat never. With it, from the best remote step: ``stage_cpu_s``, each stage process's CPU
+  seconds, and ``stage_busy``, those over the step's seconds (1 - the stage's idle share). On this
+  machine each stage costs about 1.06 and 1.11 times half the plain step's CPU seconds (512-row
+  matmuls are a little slower than 4096-row ones; the last stage also runs the loss), so an ideal
+  fill-drain step reads about 1.6 and an ideal ZB-H1 step about 1.73, before any hand-off cost.
 - remote_client_cpu_share_k2: the client process's CPU seconds over wall seconds in the timed steps
-  of that K=2 run: near 0 when the stages' forward and backward run in the stage processes.
+  of that K=2 run: near 0 when the stages' forward, backward and updates run in the stage processes.
 - remote_rss_ratio_k2, remote_rss_ratio_k4: the peak resident memory (VmHWM) of the largest process
   of the K-process pipeline (client or stage) over the peak of the same model trained in one process
   on K logical devices; same global batch, M and remat (always). Memory model: 16 dense layers of
