@@ -30,8 +30,9 @@ alternating rounds (one line each per figure, naming its ``schedule`` and ``stag
   the K=2 cross-process step. Speed model: 16 dense layers of width 1024, relu, global batch 4096,
   M=8, remat never. With it, from the best remote step: ``stage_cpu_s``, each stage process's CPU
   seconds, and ``stage_busy``, those over the step's seconds (1 - the stage's idle share). On this
-  machine each stage costs about 1.06 and 1.11 times half the plain step's CPU seconds (512-row
-  matmuls are a little slower than 4096-row ones; the last stage also runs the loss), so an ideal
+  machine the stages cost about 1.06 and 1.11 times half the plain step's CPU seconds (512-row
+  matmuls are about 5% slower than 4096-row ones; the first stage needs no gradient for its input,
+  the last one computes it and the loss), so, by the schedule's timeline with those costs, an ideal
   fill-drain step reads about 1.6 and an ideal ZB-H1 step about 1.73, before any hand-off cost.
 - remote_client_cpu_share_k2: the client process's CPU seconds over wall seconds in the timed steps
   of that K=2 run: near 0 when the stages' forward, backward and updates run in the stage processes.
@@ -145,8 +146,8 @@ class Pipeline:
                     "addresses": addresses,
                     "task": task,
                     "cpus": stage_cpus(spec, cpus, task),
-                    "intra_op_threads": spec.get("stage_intra_op_threads", 1),
-                    "inter_op_threads": spec.get("stage_inter_op_threads", 2),
+                    "intra_op_threads": 1,
+                    "inter_op_threads": 2,
                 }
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.remote", f"--stage={json.dumps(stage)}"],
