@@ -1,5 +1,6 @@
 """tools.benchmark remote: a usage error is one line and exit 2; a quick speed run starts real stage
-processes and prints each speed figure as one JSON line (the values of tiny sizes say nothing)."""
+processes and prints each speed figure as one JSON line, naming its schedule and where the stages run
+(the values of tiny sizes say nothing)."""
 
 import json
 import subprocess
@@ -16,10 +17,24 @@ def test_unknown_figures_are_refused(capsys):
     assert "unknown figures ['nope']" in capsys.readouterr().err
 
 
+def test_an_unknown_schedule_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        remote.main(["remote", "--schedule=fill_drain,zigzag"])
+    assert exit_info.value.code == 2
+    assert "--schedule: unknown ['zigzag']; choose from fill_drain," in capsys.readouterr().err
+
+
+def test_theory_is_the_schedules_unit_time_speedup():
+    assert remote._theory("fill_drain", 2, 8) == pytest.approx(2 * 8 / 9)
+    assert remote._theory("zb_h1", 2, 8) == pytest.approx(48 / 25)  # bubble F + I - W: one unit
+
+
 @pytest.mark.slow
 def test_quick_speed_run_prints_the_three_speed_figures():
+    command = [sys.executable, "-m", "tools.benchmark", "remote", "--quick", "--figures=speed"]
+    command += ["--schedule=zb_h1", "--stage_cpus=shared"]  # the defaults run the same code
     result = subprocess.run(
-        [sys.executable, "-m", "tools.benchmark", "remote", "--quick", "--figures=speed"],
+        command,
         cwd=REPO,
         env=_env(),
         capture_output=True,
@@ -33,6 +48,8 @@ def test_quick_speed_run_prints_the_three_speed_figures():
         "remote_speedup_k2",
         "remote_client_cpu_share_k2",
     ]
+    assert {(line["schedule"], line["stage_cpus"]) for line in lines} == {("zb_h1", "shared")}
+    assert lines[1]["theory"] == 1.92 and len(lines[1]["stage_cpu_s"]) == len(lines[1]["stage_busy"]) == 2
     first = lines[0]  # its step seconds are printed to 4 decimals: ratios of them agree to 5%
     assert first["value"] == pytest.approx(first["local_step_s"] / first["remote_step_s"], rel=0.05)
     assert lines[1]["value"] == pytest.approx(first["plain_step_s"] / first["remote_step_s"], rel=0.05)

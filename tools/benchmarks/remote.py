@@ -4,20 +4,38 @@ The pipeline is the dense stack of ``tools.benchmark gpipe`` (``gpipe.py``'s mod
 GPipeLayer of dense layers, the squared error computed per micro-batch in the last stage, plain SGD).
 A cross-process side is a client process (the trainer's role: it builds the model with stage k on
 ``/job:worker/task:k/device:CPU:0``, connected with ``tf.config.experimental_connect_to_cluster``) and
-K stage processes (``tf.distribute.Server``, as ``python -m trainer --mode=stages`` runs); each stage
-process is pinned to its own core with 1 intra-op and 2 inter-op threads. The batch and its targets
-are made on the first and last stage's devices once (what the stages exchange is measured, not the
-trainer's input pipeline); each SGD update runs on its variable's device.
+K stage processes (``tf.distribute.Server``, as ``python -m trainer --mode=stages`` runs), each with
+1 intra-op and 2 inter-op threads. The batch and its targets are made on the first and last stage's
+devices once (what the stages exchange is measured, not the trainer's input pipeline); each SGD
+update runs on its variable's device.
+
+The speed figures take two comma-separated options, and every combination runs in the same
+alternating rounds (one line each per figure, naming its ``schedule`` and ``stage_cpus``):
+
+- ``--schedule`` (default ``fill_drain``, GPipe's; also ``one_f_one_b``, ``zb_h1``, ``zb_h2``): the
+  pipeline's schedule, the same on both pipelined sides (one process and across processes). Its
+  unit-time speedup (F = I = W = 1, B = I + W, no hand-off cost) is ``theory`` in the
+  remote_speedup_k2 line: 2M/(M+K-1) = 1.78 for fill-drain and 1F1B, 1.92 for ZB-H1 (its bubble
+  (K-1)(F+I-W) is a third of fill-drain's at K=2, and a stage hands its input gradient on before it
+  computes its weight gradients).
+- ``--stage_cpus`` (default ``own``): ``own`` pins each stage process to its own core; ``shared``
+  lets both stage processes run on the pipeline's two cores, as the one-process side's logical
+  devices do (a stage alone, in the fill and drain, then runs its independent ops on the idle core).
 
 - remote_speed_vs_local_k2: the step seconds of K=2 on logical devices in one process (gpipe.py's
   pipeline side: the same 2 cores, 1 intra-op and 2 inter-op threads) over the step seconds of K=2
-  across processes. Higher is better; below 1 is the price of gRPC hand-offs and of stages bound to
-  their processes.
+  across processes. Higher is better; below 1 is the price of gRPC hand-offs (and, with
+  ``--stage_cpus=own``, of stages bound to their cores).
 - remote_speedup_k2: the plain stack (no GPipe layer, no remat) on one core, 1 intra-op thread, over
   the K=2 cross-process step. Speed model: 16 dense layers of width 1024, relu, global batch 4096,
-  M=8, remat never (theory 2M/(M+K-1) = 1.78).
+  M=8, remat never. With it, from the best remote step: ``stage_cpu_s``, each stage process's CPU
+  seconds, and ``stage_busy``, those over the step's seconds (1 - the stage's idle share). On this
+  machine the stages cost about 1.06 and 1.11 times half the plain step's CPU seconds (512-row
+  matmuls are about 5% slower than 4096-row ones; the first stage needs no gradient for its input,
+  the last one computes it and the loss), so, by the schedule's timeline with those costs, an ideal
+  fill-drain step reads about 1.6 and an ideal ZB-H1 step about 1.73, before any hand-off cost.
 - remote_client_cpu_share_k2: the client process's CPU seconds over wall seconds in the timed steps
-  of that K=2 run: near 0 when the stages' forward and backward run in the stage processes.
+  of that K=2 run: near 0 when the stages' forward, backward and updates run in the stage processes.
 - remote_rss_ratio_k2, remote_rss_ratio_k4: the peak resident memory (VmHWM) of the largest process
   of the K-process pipeline (client or stage) over the peak of the same model trained in one process
   on K logical devices; same global batch, M and remat (always). Memory model: 16 dense layers of
@@ -40,12 +58,15 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from tools.benchmarks import gpipe, harness
 
 NAME = "remote"
 FIGURES = ("speed", "rss")
+SPEED_SCHEDULES = ("fill_drain", "one_f_one_b", "zb_h1", "zb_h2")  # K=2 without virtual stages
+STAGE_CPUS = ("own", "shared")
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -124,7 +145,7 @@ class Pipeline:
                 stage = {
                     "addresses": addresses,
                     "task": task,
-                    "cpus": [cpus[task % len(cpus)]],
+                    "cpus": stage_cpus(spec, cpus, task),
                     "intra_op_threads": 1,
                     "inter_op_threads": 2,
                 }
@@ -146,6 +167,10 @@ class Pipeline:
             self.close()
             raise
 
+    def stage_cpu_seconds(self) -> list[float]:
+        """Each stage process's CPU seconds so far (user and system, from /proc/<pid>/stat)."""
+        return [process_cpu_seconds(p.pid) for p in self.stages]
+
     def peak_rss(self) -> dict[str, int]:
         peaks = {f"stage_{k}": harness.peak_rss_bytes(p.pid) for k, p in enumerate(self.stages)}
         return {"client": self.client.peak_rss_bytes(), **peaks}
@@ -163,45 +188,94 @@ class Pipeline:
                     proc.wait()
 
 
+def stage_cpus(spec: dict, cpus: list[int], task: int) -> list[int]:
+    """The CPUs stage process ``task`` may run on: its own core (``stage_cpus="own"``, the default),
+    or all of the pipeline's ``stages`` cores (``"shared"``: as the logical devices of one process
+    share them)."""
+    if spec.get("stage_cpus", "own") == "shared":
+        return cpus[: spec["stages"]]
+    return [cpus[task % len(cpus)]]
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """Process ``pid``'s user and system CPU seconds (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _theory(schedule: str, k: int, m: int) -> float:
+    """The schedule's speedup over one device in unit time (F = 1, B = 2 = I + W, no hand-off cost):
+    fill-drain and 1F1B 2M/(M+K-1), ZB-H1 and ZB-H2 less (their bubble is (K-1)(F+I-W))."""
+    from layers.parallel.pipeline import schedule as schedules
+
+    return k * m * 3 / schedules.step_time(schedules.events(schedule, k, m))
+
+
 def _speed(args: argparse.Namespace, cpus: list[int]) -> None:
     dense = dict(width=args.width, depth=args.depth, batch=args.batch, activation="relu", warmup=args.warmup)
     dense["measure"] = "time"
     pipeline = dict(dense, stages=2, micro_batches=args.micro_batches, remat="never")
-    local_spec = dict(pipeline, model="gpipe_head", logical_devices=2, cpus=cpus[:2])
-    local_spec.update(intra_op_threads=1, inter_op_threads=2)
     plain_spec = dict(dense, model="plain", cpus=cpus[:1], intra_op_threads=1, inter_op_threads=1)
-    client_spec = dict(pipeline, cpus=cpus[:2], intra_op_threads=1, inter_op_threads=2)
-    remote = Pipeline(client_spec, cpus)
-    workers = {"remote": remote.client}
+    remotes: dict[tuple[str, str], Pipeline] = {}
+    workers: dict[Any, harness.Worker] = {}
     try:
-        workers["local"] = harness.Worker("gpipe", local_spec)
         workers["plain"] = harness.Worker("gpipe", plain_spec)
+        for schedule in args.schedule:
+            local_spec = dict(
+                pipeline, model="gpipe_head", logical_devices=2, cpus=cpus[:2], schedule=schedule
+            )
+            workers[("local", schedule)] = harness.Worker(
+                "gpipe", dict(local_spec, intra_op_threads=1, inter_op_threads=2)
+            )
+            for where in args.stage_cpus:
+                client_spec = dict(pipeline, cpus=cpus[:2], intra_op_threads=1, inter_op_threads=2)
+                client_spec.update(schedule=schedule, stage_cpus=where)
+                remotes[(schedule, where)] = Pipeline(client_spec, cpus)
+                workers[(schedule, where)] = remotes[(schedule, where)].client
         for worker in workers.values():
             worker.read()  # ready
-        times: dict[str, list[float]] = {side: [] for side in workers}
-        cpu_share: list[float] = []
+        times: dict[Any, list[float]] = {side: [] for side in workers}
+        cpu_share: dict[Any, list[float]] = {side: [] for side in remotes}
+        stage_cpu: dict[Any, list[list[float]]] = {side: [] for side in remotes}
         for _ in range(args.steps):
             for side, worker in workers.items():
+                before = remotes[side].stage_cpu_seconds() if side in remotes else []
                 result = worker.step_result()
                 times[side].append(result["step_s"])
-                if side == "remote":
-                    cpu_share.append(result["cpu_s"] / result["step_s"])
+                if side in remotes:
+                    cpu_share[side].append(result["cpu_s"] / result["step_s"])
+                    after = remotes[side].stage_cpu_seconds()
+                    stage_cpu[side].append([a - b for a, b in zip(after, before)])
     finally:
         for side, worker in workers.items():
-            if side != "remote":
+            if side not in remotes:
                 worker.close()
-        remote.close()
+        for remote in remotes.values():
+            remote.close()
     best = {side: min(t) for side, t in times.items()}
     sizes = dict(width=args.width, depth=args.depth, batch=args.batch, micro_batches=args.micro_batches)
-    steps = {f"{side}_step_s": round(s, 4) for side, s in best.items()}
-    harness.emit("remote_speed_vs_local_k2", best["local"] / best["remote"], **steps, **sizes)
-    harness.emit("remote_speedup_k2", best["plain"] / best["remote"], **steps, **sizes)
-    harness.emit(
-        "remote_client_cpu_share_k2",
-        statistics.median(cpu_share),
-        per_step=[round(c, 3) for c in cpu_share],
-        **sizes,
-    )
+    for (schedule, where), remote_s in ((side, best[side]) for side in remotes):
+        local_s, plain_s = best[("local", schedule)], best["plain"]
+        steps = dict(
+            remote_step_s=round(remote_s, 4), local_step_s=round(local_s, 4), plain_step_s=round(plain_s, 4)
+        )
+        variant = dict(schedule=schedule, stage_cpus=where)
+        in_best = stage_cpu[(schedule, where)][times[(schedule, where)].index(remote_s)]
+        stages = dict(  # the best step's: each stage process's CPU seconds, and over the step's seconds
+            stage_cpu_s=[round(c, 3) for c in in_best], stage_busy=[round(c / remote_s, 3) for c in in_best]
+        )
+        harness.emit("remote_speed_vs_local_k2", local_s / remote_s, **variant, **steps, **sizes)
+        theory = round(_theory(schedule, 2, args.micro_batches), 4)
+        harness.emit(
+            "remote_speedup_k2", plain_s / remote_s, **variant, theory=theory, **steps, **stages, **sizes
+        )
+        harness.emit(
+            "remote_client_cpu_share_k2",
+            statistics.median(cpu_share[(schedule, where)]),
+            **variant,
+            per_step=[round(c, 3) for c in cpu_share[(schedule, where)]],
+            **sizes,
+        )
 
 
 def _rss(args: argparse.Namespace, cpus: list[int]) -> None:
@@ -255,6 +329,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=16, help="Dense layers (speed figures).")
     parser.add_argument("--batch", type=int, default=4096, help="Global batch (speed figures).")
     parser.add_argument("--micro_batches", type=int, default=8, help="M (speed figures).")
+    parser.add_argument(
+        "--schedule",
+        default="fill_drain",
+        help=f"Comma-separated pipeline schedules of the speed figures, from {SPEED_SCHEDULES}: each "
+        "runs on both pipelined sides (local and remote), all in the same alternating rounds.",
+    )
+    parser.add_argument(
+        "--stage_cpus",
+        default="own",
+        help="Comma-separated, from own (each stage process pinned to its own core) and shared (each "
+        "may run on the pipeline's two cores, as the local side's logical devices do).",
+    )
     parser.add_argument("--memory_width", type=int, default=8192, help="Dense width (memory figures).")
     parser.add_argument("--memory_depth", type=int, default=16, help="Dense layers (memory figures).")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch (memory figures).")
@@ -262,11 +348,21 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     harness.add_run_flags(parser, steps=4, warmup=1)
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.schedule = _choices(parser, "--schedule", args.schedule, SPEED_SCHEDULES)
+    args.stage_cpus = _choices(parser, "--stage_cpus", args.stage_cpus, STAGE_CPUS)
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_depth, args.memory_batch = 256, 8, 16
         args.steps, args.warmup = 2, 1
     return args
+
+
+def _choices(parser: argparse.ArgumentParser, flag: str, text: str, known: tuple[str, ...]) -> list[str]:
+    chosen = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = sorted(set(chosen) - set(known))
+    if unknown or not chosen:
+        parser.error(f"{flag}: unknown {unknown or 'empty list'}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(chosen))
 
 
 def main(argv: list[str]) -> int:

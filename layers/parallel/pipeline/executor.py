@@ -504,20 +504,26 @@ class _Step:
         return out
 
     def input_grad(self, m: int, i: int, scale: Any) -> Any:
-        grads = self.in_grads.get((0, m))
+        stage, grads = 0, self.in_grads.get((0, m))
         if i >= len(self.ins[m]):  # a head input: the last stage's input after the stage's own
-            grads = self.in_grads.get((self.last_stage, m))
+            stage, grads = self.last_stage, self.in_grads.get((self.last_stage, m))
             i = len(self.stage_in[(self.last_stage, m)]) - len(self.heads[m]) + (i - len(self.ins[m]))
         g = grads[i] if grads is not None else None
-        if g is not None and scale is not None and grads is self.in_grads.get((0, m)):
-            scale = self._hand(scale, self.last_stage, 0)
-        return _scaled(g, scale)
+        return self._scaled_on(stage, g, scale)
 
     def weight_grad(self, v: tf.Variable, scale: Any) -> Any:
         g = self.sums.get(v.ref())
-        if g is not None and scale is not None:
-            scale = self._hand(scale, self.last_stage, self.var_stage[v.ref()])
-        return _scaled(g, scale)
+        return self._scaled_on(self.var_stage.get(v.ref(), self.last_stage), g, scale)
+
+    def _scaled_on(self, s: int, g: Any, scale: Any) -> Any:
+        """In-step: stage ``s``'s gradient ``g`` times the loss's output gradient, on the stage's
+        device. Unplaced, the product would run on the caller's device (the trainer's process, for
+        stages on other tasks), and every weight gradient would cross the network twice a step."""
+        if g is None or scale is None:
+            return g
+        device = None if self.ex.meshes else self.ex.devices[self.sched.device_of(s)]
+        with on(device):
+            return _scaled(g, self._hand(scale, self.last_stage, s))
 
 
 def _across_meshes(fn: Callable[..., Any], args: list[tf.Tensor]) -> list[tf.Tensor]:

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from layers import core
 from layers.base_layer import FPropContext
-from layers.parallel.pipeline import gpipe
+from layers.parallel.pipeline import executor, gpipe
 from layers.parallel.pipeline import schedule as schedules
 from params.errors import ConfigError
 from tests.layers.parallel.pipeline.gpipe_training import (
@@ -159,3 +159,26 @@ def test_each_stage_runs_its_work_in_the_schedules_order(k, m, remat, schedule):
     assert orders == want
     if schedule == "one_f_one_b":
         assert schedules.peak_in_flight(evs) == [min(k - s, m) for s in range(k)]
+
+
+def test_in_step_weight_gradients_are_scaled_on_their_stages_devices():
+    """In-step, each weight gradient is multiplied by the loss's output gradient on its own stage's
+    device. Unplaced, the products ran on the caller's device: for stages in other processes, every
+    weight gradient crossed the network to the trainer and back each step."""
+    pipe = _dense_pipeline(2, 4, "never", "one_f_one_b", width=8)
+    x, target = tf.ones([8, 8]), tf.zeros([8, 8])
+
+    @tf.function(autograph=False)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(
+                pipe(FPropContext(training=True), x, head=_squared_error, head_inputs=target)
+            )
+        return tape.gradient(loss, pipe.trainable_variables)
+
+    ops = step.get_concrete_function().graph.get_operations()
+    scaled = [
+        op for op in ops if op.type == "Mul" and any(executor.SUMS_SCOPE in t.op.name for t in op.inputs)
+    ]
+    devices = sorted(op.device.split("device:")[-1] for op in scaled)
+    assert devices == ["CPU:0"] * 4 + ["CPU:1"] * 4  # 2 layers per stage, a weight and a bias each
