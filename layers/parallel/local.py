@@ -453,10 +453,11 @@ class PooledSoftmaxHead(BaseLayer):
             x = tf.reduce_mean(x, axis=list(range(1, x.shape.rank - 1)))
         labels = tf.cast(_target(self, targets, p.label_key), tf.int32)
         weights = targets.get(p.weight_key) if isinstance(targets, dict) else None
-        weights = tf.ones(tf.shape(labels), tf.float32) if weights is None else tf.cast(weights, tf.float32)
+        dtype = x.dtype if x.dtype.is_floating else tf.float32  # the model's (float64 too)
+        weights = tf.ones(tf.shape(labels), dtype) if weights is None else tf.cast(weights, dtype)
         out = self.softmax.fprop(ctx, x, labels, weights)
         predicted = tf.argmax(out["logits"], axis=-1, output_type=tf.int32)
-        correct = tf.cast(tf.equal(predicted, labels), tf.float32)
+        correct = tf.cast(tf.equal(predicted, labels), dtype)
         total = out["total_weight"]
         accuracy = tf.math.divide_no_nan(tf.reduce_sum(correct * weights), total)
         return {"loss": (out["avg_xent"], total), "accuracy": (accuracy, total)}

@@ -116,10 +116,15 @@ def wait_until(
         time.sleep(0.2)
 
 
-def max_weight_diff(ckpt_a: str, ckpt_b: str) -> tuple[float, int]:
-    """Max |a - b| over the float values (task, learner) two checkpoints share; and how many compared."""
+def max_weight_diff(ckpt_a: str, ckpt_b: str, skip: tuple[str, ...] = ()) -> tuple[float, int]:
+    """Max |a - b| over the float values (task, learner) two checkpoints share, but names holding a
+    string of ``skip``; and how many compared."""
     a, b = tf.train.load_checkpoint(ckpt_a), tf.train.load_checkpoint(ckpt_b)
-    names = [n for n in a.get_variable_to_shape_map() if n.startswith(("task/", "learner/"))]
+    names = [
+        n
+        for n in a.get_variable_to_shape_map()
+        if n.startswith(("task/", "learner/")) and not any(part in n for part in skip)
+    ]
     worst, count = 0.0, 0
     for name in names:
         x, y = a.get_tensor(name), b.get_tensor(name)

@@ -15,6 +15,7 @@ from tests.trainer.runner import REPO, _env, error_lines
 
 CONVNET = "--model=image.digits.ConvNet"
 GPIPE = "--model=image.digits.GPipeConvNet"
+LOCAL = "--model=image.digits.LocalConvNet"
 TIMEOUT = 420  # seconds; each process imports TensorFlow on a shared, loaded machine
 
 
@@ -122,6 +123,28 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
     assert "2 stages" in (logdir / "model_analysis.txt").read_text()
     diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-10"), str(single / "train/ckpt-10"))
     assert count >= 12 and diff <= 1e-10, diff  # 1.1e-16 seen; float32 rounding alone is 1e-7
+
+
+@pytest.mark.slow
+def test_local_parallelism_inside_each_sync_replica_equals_one_process(tmp_path):
+    """Each worker trains LocalConvNet's 2 blocks (their own losses, the hand-off between steps) on its
+    half of the batch: the weights equal one process's with the whole batch (float64, as above).
+
+    The hand-off buffers are left out: each replica holds the hand-off of its own half (32 of the 64
+    rows), and the checkpoint keeps replica 0's (a resumed sync run of a local model starts replica 1
+    from it: not equal to one process for the step after the resume; docs/parallelism/local.md)."""
+    text = cr.override(10, 10, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
+    logdir, single = tmp_path / "two", tmp_path / "one"
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [LOCAL, f"--logdir={logdir}", f"--params_override={text}"])
+        _single(procs, LOCAL, single, text)
+        for proc in workers:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    diff, count = cr.max_weight_diff(
+        str(logdir / "train/ckpt-10"), str(single / "train/ckpt-10"), skip=("handoff",)
+    )
+    assert count >= 16 and diff <= 1e-10, diff  # 2.2e-16 seen
 
 
 @pytest.mark.slow
