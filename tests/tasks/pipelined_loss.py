@@ -24,6 +24,13 @@ def copy_weights(source, target) -> None:
 
 def metrics_and_grads(task, batch: dict, step: int = 0) -> tuple[dict, dict]:
     """One training forward and backward: ``({metric: (value, weight)}, {variable name: grad})``."""
+    metrics, grads, _ = metrics_grads_and_xent_ops(task, batch, step)
+    return metrics, grads
+
+
+def metrics_grads_and_xent_ops(task, batch: dict, step: int = 0) -> tuple[dict, dict, list[tf.Operation]]:
+    """``metrics_and_grads`` and the softmax cross-entropy ops of the one step graph it traced and
+    ran (``xent_ops`` would trace the step a second time)."""
     variables = task.trainable_variables
 
     @tf.function(autograph=False)
@@ -34,12 +41,13 @@ def metrics_and_grads(task, batch: dict, step: int = 0) -> tuple[dict, dict]:
         return metrics, tape.gradient(metrics["loss"][0], variables)
 
     metrics, grads = run()
+    ops = _xent_ops_of(run.get_concrete_function().graph)
     metrics = {name: (float(v), float(w)) for name, (v, w) in metrics.items()}
     named = {}
     for v, g in zip(variables, grads):
         assert g is not None, v.name
         named[unpipelined_name(v.name)] = tf.convert_to_tensor(g).numpy()
-    return metrics, named
+    return metrics, named, ops
 
 
 def assert_same(got: tuple[dict, dict], want: tuple[dict, dict], rtol: float, atol: float) -> None:
@@ -61,7 +69,10 @@ def xent_ops(task, batch: dict) -> list[tf.Operation]:
             metrics = task.fprop(FPropContext(training=True), batch)
         return tape.gradient(metrics["loss"][0], task.trainable_variables)
 
-    graph = tf.function(step, autograph=False).get_concrete_function().graph
+    return _xent_ops_of(tf.function(step, autograph=False).get_concrete_function().graph)
+
+
+def _xent_ops_of(graph) -> list[tf.Operation]:
     ops = []
     for op in graph.get_operations():
         if op.type == "SoftmaxCrossEntropyWithLogits":
@@ -74,7 +85,11 @@ def xent_ops(task, batch: dict) -> list[tf.Operation]:
 def assert_loss_runs_per_micro_batch_in_last_stage(task, batch: dict, k: int, m: int, rows: int) -> None:
     """At least M cross-entropy ops (a recompute adds its own), each on one micro-batch's ``rows``
     (examples, or tokens: the logits are flattened to 2-D), each on the last stage's device."""
-    ops = xent_ops(task, batch)
+    assert_xent_ops_per_micro_batch_in_last_stage(xent_ops(task, batch), k, m, rows)
+
+
+def assert_xent_ops_per_micro_batch_in_last_stage(ops: list[tf.Operation], k: int, m: int, rows: int) -> None:
+    """``assert_loss_runs_per_micro_batch_in_last_stage`` on the ops of a step already traced."""
     assert len(ops) >= m, [op.name for op in ops]
     for op in ops:
         assert op.device.endswith(f"device:CPU:{k - 1}"), (op.name, op.device)

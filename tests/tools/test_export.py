@@ -111,10 +111,13 @@ def _decoded(logdir: Path, dataset: str, step: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_digits_export_loads_without_the_repo_and_equals_the_decoder(tmp_path, default_run):
-    """On a copy of the default experiment's run (tests/conftest.py trains it once for the test run)."""
+    """On a copy of the default experiment's run (tests/conftest.py trains it once for the test run),
+    exported in-process (the binary's own run is the text model's test)."""
     logdir = tmp_path / "run"
     shutil.copytree(default_run.logdir, logdir)
-    export_dir = _export(logdir)
+    target, names = export.export(str(logdir))
+    export_dir = Path(target)
+    assert export_dir == logdir / "export" / "1500" and "serving_default" in names
     root = experiment.resolve("image.digits.ConvNet")
     test = root.input.test.instantiate()
     images = np.concatenate([batch["image"].numpy() for batch in test.dataset()])

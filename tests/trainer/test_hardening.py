@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.trainer import runner
+from tests.trainer.conftest import FINISHED, copy_finished_run
 
 TRAIN = "--job=controller,trainer"
 
@@ -47,11 +49,9 @@ def _weights(path):
 
 
 @pytest.mark.slow
-def test_damaged_or_missing_state_file_stops_and_the_rebuild_resumes(tmp_path, data_dir):
-    logdir = tmp_path / "run"
+def test_damaged_or_missing_state_file_stops_and_the_rebuild_resumes(tmp_path, finished_run):
+    logdir, data_dir = copy_finished_run(finished_run, tmp_path)
     train = logdir / "train"
-    first = runner.run(logdir, data_dir, TRAIN, override="task.train.max_steps : 30")
-    assert first.returncode == 0, first.stderr[-3000:]
     state = train / "checkpoint"
     params_before = (logdir / "params.txt").read_text()
     for damage in ("garbage", "missing"):
@@ -66,7 +66,7 @@ def test_damaged_or_missing_state_file_stops_and_the_rebuild_resumes(tmp_path, d
         (line,) = runner.error_lines(result.stderr)
         assert "Traceback" not in result.stderr
         assert (
-            str(train / "ckpt-30") in line and f"tools.checkpoint_state --logdir={logdir} --rebuild" in line
+            str(train / "ckpt-20") in line and f"tools.checkpoint_state --logdir={logdir} --rebuild" in line
         )
         assert ("damaged" if damage == "garbage" else "is missing") in line
         assert _ckpt_digests(train) == before  # every checkpoint's bytes unchanged
@@ -88,23 +88,22 @@ def test_damaged_or_missing_state_file_stops_and_the_rebuild_resumes(tmp_path, d
 
     rebuilt = _tool(logdir, "--rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
-    assert f"latest {train / 'ckpt-30'}" in rebuilt.stdout
+    assert f"latest {train / 'ckpt-20'}" in rebuilt.stdout
     resumed = runner.run(logdir, data_dir, TRAIN, override="task.train.max_steps : 50")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {train / 'ckpt-30'} at step 30" in resumed.stdout
+    assert f"resumed from {train / 'ckpt-20'} at step 20" in resumed.stdout
     assert f"removed {orphan}, left by a save that was interrupted" in resumed.stdout
     assert not orphan.exists() and (train / "ckpt-41_temp.keep").exists()
     assert runner.checkpoint_steps(logdir)[-1] == 50
 
 
 @pytest.mark.slow
-def test_truncated_checkpoint_under_an_evaler_is_one_line(tmp_path, data_dir):
-    logdir = tmp_path / "run"
-    first = runner.run(logdir, data_dir, TRAIN, override="task.train.max_steps : 20")
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_truncated_checkpoint_under_an_evaler_is_one_line(tmp_path, finished_run):
+    logdir, data_dir = copy_finished_run(finished_run, tmp_path)
+    shutil.rmtree(logdir / "eval_dev")  # as if no evaler_dev had run: it scores ckpt-10, then ckpt-20
     data = next((logdir / "train").glob("ckpt-20.data-*"))
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
-    result = runner.run(logdir, data_dir, "--job=evaler_dev", override="task.train.max_steps : 20")
+    result = runner.run(logdir, data_dir, "--job=evaler_dev", override=FINISHED)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     (line,) = runner.error_lines(result.stderr)
@@ -307,13 +306,10 @@ def _tree(logdir):
 
 
 @pytest.mark.slow
-def test_a_finished_run_asked_again_says_so_and_writes_nothing(tmp_path, data_dir):
-    logdir = tmp_path / "run"
-    override = "task.train.max_steps : 20; task.train.save_interval_steps : 10"
-    first = runner.run(logdir, data_dir, override=override)
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_a_finished_run_asked_again_says_so_and_writes_nothing(tmp_path, finished_run):
+    logdir, data_dir = copy_finished_run(finished_run, tmp_path)
     before = _tree(logdir)
-    again = runner.run(logdir, data_dir, override=override)
+    again = runner.run(logdir, data_dir, override=FINISHED)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.splitlines() == [
         f"trainer: {logdir} holds a finished run (checkpoint at step 20, task.train.max_steps 20; every "

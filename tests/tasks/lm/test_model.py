@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,10 +18,11 @@ from tasks.lm.model import transformer_lm_params
 from tasks.lm.vocabulary import vocab_params
 from tests.tasks.loop import evaluate, train_steps
 from tests.tasks.pipelined_loss import (
-    assert_loss_runs_per_micro_batch_in_last_stage,
     assert_same,
+    assert_xent_ops_per_micro_batch_in_last_stage,
     copy_weights,
     metrics_and_grads,
+    metrics_grads_and_xent_ops,
 )
 
 MODEL = "lm.synthetic.TransformerLM"
@@ -40,33 +43,55 @@ def test_registered_and_resolves():
     assert root.task.stack.layers[0].causal and not root.task.stack.layers[0].has_cross_attention
 
 
-@pytest.mark.slow
-def test_training_steps_approach_the_achievable_log_pplx():
-    root = _root()
+@dataclass(frozen=True)
+class _Trained:
+    root: object
+    task: object
+    dev_input: object
+    before: dict[str, float]
+    after: dict[str, float]
+    dev: dict[str, float]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """The experiment with its defaults trained for its max_steps (1000) once for the module: the
+    metrics on 4 dev batches before and after, and on the whole dev set after."""
+    import gin
+
+    try:
+        root = experiment.resolve(MODEL)
+    finally:
+        gin.clear_config()
     task = root.task.instantiate()
     dev_input = root.input.dev.instantiate()
-    dev = dev_input.dataset().take(4)
-    before = evaluate(task, dev)
-    train_steps(task, Learner(root.task.train), iter(root.input.train.instantiate().dataset()), 100)
-    after = evaluate(task, dev)
-    assert after["log_pplx"] < before["log_pplx"] - 1.0
+    before = evaluate(task, dev_input.dataset().take(4))
+    steps = root.task.train.max_steps
+    train_steps(task, Learner(root.task.train), iter(root.input.train.instantiate().dataset()), steps)
+    after = evaluate(task, dev_input.dataset().take(4))
+    return _Trained(root, task, dev_input, before, after, evaluate(task, dev_input.dataset()))
+
+
+@pytest.mark.slow
+def test_training_steps_approach_the_achievable_log_pplx(trained):
+    after = trained.after
+    assert after["log_pplx"] < trained.before["log_pplx"] - 1.0
     assert after["log_pplx_gap"] == pytest.approx(after["log_pplx"] - after["achievable_log_pplx"], abs=1e-4)
     # The per-batch estimate of the best log-perplexity agrees with the closed form.
-    assert after["achievable_log_pplx"] == pytest.approx(dev_input.achievable_log_pplx(), abs=0.03)
+    assert after["achievable_log_pplx"] == pytest.approx(trained.dev_input.achievable_log_pplx(), abs=0.03)
     assert after["log_pplx_gap"] > -0.02  # nothing beats the true distribution (up to sampling noise)
 
 
-def test_decoding_continues_the_prompt_with_and_without_cache():
-    root = _root("task.decode.prompt_length : 5")
-    task = root.task.instantiate()
-    train_steps(task, Learner(root.task.train), iter(root.input.train.instantiate().dataset()), 30)
-    full_p = root.task.copy().set(**{"decode.use_cache": False})
-    full = full_p.instantiate()
-    for v_to, v_from in zip(full.variables, task.variables):
-        v_to.assign(v_from)
-    batch = next(iter(root.input.test.instantiate().dataset()))
-    a = tf.function(lambda b: task.decode(FPropContext(), b))(batch)
-    b = tf.function(lambda b: full.decode(FPropContext(), b))(batch)
+@pytest.mark.slow
+def test_decoding_continues_the_prompt_with_and_without_cache(trained):
+    cached_p = trained.root.task.copy().set(**{"decode.prompt_length": 5})
+    task, full = cached_p.instantiate(), cached_p.copy().set(**{"decode.use_cache": False}).instantiate()
+    for dst in (task, full):
+        for v_to, v_from in zip(dst.variables, trained.task.variables):
+            v_to.assign(v_from)
+    batch = next(iter(trained.root.input.test.instantiate().dataset()))
+    a = tf.function(lambda b: task.decode(FPropContext(), b), autograph=False)(batch)
+    b = tf.function(lambda b: full.decode(FPropContext(), b), autograph=False)(batch)
     np.testing.assert_array_equal(a["hyp_ids"].numpy(), b["hyp_ids"].numpy())
     np.testing.assert_array_equal(a["hyp_ids"].numpy()[:, :5], batch["labels"].numpy()[:, :5])
     metrics = task.create_decoder_metrics()
@@ -97,41 +122,49 @@ def test_a_non_causal_stack_is_a_config_error():
 
 
 @pytest.mark.slow
-def test_transformer_lm_gets_within_10_percent_of_the_entropy_rate():
+def test_transformer_lm_gets_within_10_percent_of_the_entropy_rate(trained):
     """The experiment's claim with its defaults (1000 steps). The first token's entropy H(pi) puts the
     best achievable value 6% above the entropy rate H, so this leaves a 4% margin."""
-    root = experiment.resolve(MODEL)
-    task = root.task.instantiate()
-    steps = root.task.train.max_steps
-    train_steps(task, Learner(root.task.train), iter(root.input.train.instantiate().dataset()), steps)
-    dev_input = root.input.dev.instantiate()
-    dev = evaluate(task, dev_input.dataset())
     from tasks.lm import markov
 
+    dev, dev_input = trained.dev, trained.dev_input
     assert dev["log_pplx"] <= 1.10 * markov.entropy_rate(dev_input.chain()), dev
     assert dev["log_pplx"] <= 1.10 * dev_input.achievable_log_pplx(), dev
 
 
-@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
-def test_pipelined_stack_computes_the_loss_per_micro_batch_in_its_last_stage(schedule):
-    """Labels, paddings and label entropies travel with the micro-batches; the logits (tied to the
-    embedding, outside the pipeline) and the per-token loss run on the last stage's device one
-    micro-batch at a time, and the metrics and gradients are the unpipelined task's."""
-    root = _root("task.label_smoothing : 0.1")
+@pytest.fixture(scope="module")
+def unpipelined():
+    """The tiny task with label smoothing, a batch whose examples have padding of different lengths
+    (each micro-batch its own number of real tokens), and the unpipelined task's metrics and
+    gradients on it: what each schedule's pipelined stack must give."""
+    import gin
+
+    try:
+        root = _root("task.label_smoothing : 0.1")
+    finally:
+        gin.clear_config()
     plain = root.task.instantiate()
-    p = root.task.copy()
-    p.stack.pipeline = GPipeLayer.Params().set(
-        num_stages=2, num_micro_batches=4, remat="always", schedule=schedule
-    )
-    piped = p.instantiate()
-    copy_weights(plain, piped)
     batch = dict(next(iter(root.input.train.copy().set(batch_size=8).instantiate().dataset())))
     assert "label_entropy" in batch
-    # Padding of different lengths, so each micro-batch has its own number of real tokens.
     length = batch["ids"].shape[1]
     ends = np.array([length, 5, length, 9, 20, 1, length, 12])[:, None]
     batch["paddings"] = tf.constant((np.arange(length)[None, :] >= ends).astype(np.float32))
-    want = metrics_and_grads(plain, batch)
-    assert_same(metrics_and_grads(piped, batch), want, rtol=2e-5, atol=2e-6)
-    rows = 2 * batch["ids"].shape[1]
-    assert_loss_runs_per_micro_batch_in_last_stage(piped, batch, k=2, m=4, rows=rows)
+    return root, plain, batch, metrics_and_grads(plain, batch)
+
+
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+def test_pipelined_stack_computes_the_loss_per_micro_batch_in_its_last_stage(schedule, unpipelined):
+    """Labels, paddings and label entropies travel with the micro-batches; the logits (tied to the
+    embedding, outside the pipeline) and the per-token loss run on the last stage's device one
+    micro-batch at a time, and the metrics and gradients are the unpipelined task's."""
+    root, plain, batch, want = unpipelined
+    p = root.task.copy()
+    p.stack.pipeline = GPipeLayer.Params().set(
+        num_stages=2, num_micro_batches=2, remat="always", schedule=schedule
+    )
+    piped = p.instantiate()
+    copy_weights(plain, piped)
+    metrics, grads, xent_ops = metrics_grads_and_xent_ops(piped, batch)
+    assert_same((metrics, grads), want, rtol=2e-5, atol=2e-6)
+    rows = 4 * batch["ids"].shape[1]
+    assert_xent_ops_per_micro_batch_in_last_stage(xent_ops, k=2, m=2, rows=rows)

@@ -120,7 +120,7 @@ def test_remat_policy_decides_which_micro_batches_are_recomputed(remat, forwards
     counting = pipe.stage_layers(1)[0]
     x, _ = data()
 
-    @tf.function
+    @tf.function(autograph=False)  # as the trainer traces (trainer/tracing.py)
     def step():
         ctx = FPropContext(training=True)
         with tf.GradientTape() as tape:
@@ -174,7 +174,7 @@ def test_deferred_batch_norm_moving_statistics_equal_the_full_batch(remat):
     plain = sequential(_bn_layers())
     for model in (pipe, plain):
 
-        @tf.function
+        @tf.function(autograph=False)  # as the trainer traces (trainer/tracing.py)
         def step(model=model):
             ctx = FPropContext(training=True)
             with tf.GradientTape() as tape:
@@ -214,7 +214,7 @@ def test_eval_accepts_any_batch_size_and_an_unknown_batch_dimension():
     plain = sequential(mlp())
     x, _ = data(batch=6)  # 6 is not a multiple of 4: eval splits into near-equal parts
 
-    @tf.function(input_signature=[tf.TensorSpec([None, IN_DIM])])
+    @tf.function(input_signature=[tf.TensorSpec([None, IN_DIM])], autograph=False)
     def evaluate(x):
         return pipe(FPropContext(training=False), x)
 
@@ -296,7 +296,7 @@ def test_targets_travel_with_micro_batches_and_the_loss_runs_in_the_last_stage()
     state = {"x": x, "target": target}
     ctx = FPropContext(training=True, step=1)
 
-    @tf.function
+    @tf.function(autograph=False)  # as the trainer traces (trainer/tracing.py)
     def loss_and_grads(model):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(model(ctx, state))
@@ -337,7 +337,7 @@ def test_a_loss_without_some_micro_batches_keeps_the_others_weight_gradients(rem
     x, _ = data()
 
     def grads(model, forward):
-        @tf.function
+        @tf.function(autograph=False)  # as the trainer traces (trainer/tracing.py)
         def run():
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(tf.square(forward(model, FPropContext(training=True), x)))
