@@ -156,7 +156,7 @@ def test_stage_0_runs_micro_batch_m_plus_1_while_stage_1_runs_m():
     step = _train_step(pipe, x)
     step().numpy()  # trace and warm up
     seen = []
-    for _ in range(8):  # a loaded machine often starves a thread for a whole step: profile up to 8
+    for _ in range(40):  # a loaded machine often starves a thread for whole steps: profile up to 40
         intervals = _op_intervals(lambda: step().numpy())
         assert {(s, i) for s in range(2) for i in range(m)} <= set(intervals), sorted(intervals)
         pairs = _overlapping_pairs(intervals, m)
