@@ -1,6 +1,6 @@
 """Property-based fuzzing of every configuration parser through its real entry point, in-process.
 
-Each parser gets ``TENSORPIPE_FUZZ_EXAMPLES`` generated inputs (2,000 by default, to keep the suite
+Each parser gets ``TENSORPIPE_FUZZ_EXAMPLES`` generated inputs (1,000 by default, to keep the suite
 fast; ``TENSORPIPE_FUZZ_EXAMPLES=10000`` is the full run): override strings
 (``--params_override``), params files (raw bytes, so also non-UTF-8), gin bindings (``--gin_param``)
 and Params text (``Params.from_text``). Every input either resolves or raises the project's
@@ -23,7 +23,7 @@ from params.hyperparams import InstantiableParams, Params
 from tests.params import fuzz_inputs
 from tests.params.fuzz_inputs import CANARY, MODEL
 
-EXAMPLES = int(os.environ.get("TENSORPIPE_FUZZ_EXAMPLES", "2000"))  # the full run: 10000
+EXAMPLES = int(os.environ.get("TENSORPIPE_FUZZ_EXAMPLES", "1000"))  # the full run: 10000
 
 settings.register_profile(
     "tensorpipe_fuzz",

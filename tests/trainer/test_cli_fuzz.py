@@ -3,7 +3,7 @@
 ``python -m trainer --mode=inspect_params`` gets one generated ``--params_override``,
 ``--params_file_override`` (raw bytes), ``--gin_param``, ``--gin_file`` or ``--job``: the exit status is
 0 or 2, stderr holds no traceback, and a canary module that a payload names is never imported. Each
-run starts TensorFlow (seconds), so the suite runs ``TENSORPIPE_CLI_FUZZ_EXAMPLES`` inputs (default 12);
+run starts TensorFlow (seconds), so the suite runs ``TENSORPIPE_CLI_FUZZ_EXAMPLES`` inputs (default 8);
 ``TENSORPIPE_CLI_FUZZ_EXAMPLES=200`` is the full sample.
 """
 
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tests.params import fuzz_inputs
 from tests.trainer import runner
 
-EXAMPLES = int(os.environ.get("TENSORPIPE_CLI_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("TENSORPIPE_CLI_FUZZ_EXAMPLES", "8"))
 WORKERS = int(os.environ.get("TENSORPIPE_CLI_FUZZ_WORKERS", "2"))
 FLAGS = ["--params_override", "--params_file_override", "--gin_param", "--gin_file", "--job"]
 

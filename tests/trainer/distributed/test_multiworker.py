@@ -175,7 +175,7 @@ def test_sigterm_to_the_async_controller_saves_the_current_step_and_a_restart_re
     endless = cr.override(100000, 100000, "task.train.log_interval_steps : 10")
     with cr.Procs(tmp_path) as procs:
         flags = [CONVNET, f"--logdir={logdir}"]
-        cluster = cr.async_cluster(procs, 2, 1, [*flags, f"--params_override={endless}"])
+        cluster = cr.async_cluster(procs, 1, 1, [*flags, f"--params_override={endless}"])
         controller = cluster[0]
         cr.wait_until(lambda: "step 30/" in cr.output(controller), TIMEOUT, cluster)
         controller.send_signal(signal.SIGTERM)
@@ -193,7 +193,7 @@ def test_sigterm_to_the_async_controller_saves_the_current_step_and_a_restart_re
         procs.close()  # the trainers and ps serve until stopped
 
         more = cr.override(saved + 10, 10)
-        again = cr.async_cluster(procs, 2, 1, [*flags, f"--params_override={more}"], "r")
+        again = cr.async_cluster(procs, 1, 1, [*flags, f"--params_override={more}"], "r")
         code, out = procs.wait(again[0], TIMEOUT)
         assert code == 0, out[-3000:]
         assert f"trainer: resumed from {ckpt} at step {saved}" in out

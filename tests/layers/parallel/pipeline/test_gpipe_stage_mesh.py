@@ -304,11 +304,12 @@ def _transformer_layers() -> list:
     ]
 
 
-@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+@pytest.mark.parametrize("schedule", ["one_f_one_b"])
 def test_transformer_layers_on_stage_meshes_train_like_the_plain_stack(schedule):
     """Heads and the feed-forward hidden dimension split over each stage's 2-way mesh (attention and
     feed-forward all-reduces in both stages): 1F1B's step over two such stages hung before the
-    all-reduce combiner was turned off."""
+    all-reduce combiner was turned off (so did fill-drain's, as the six projections above did; that
+    one case stands for both here: each Transformer case is ~15 s of the suite)."""
     rng = np.random.default_rng(1)
     x = rng.normal(size=(BATCH, 3, 8)).astype(np.float32)
     y = rng.normal(size=(BATCH, 3, 8)).astype(np.float32)
