@@ -27,6 +27,19 @@ def _single(procs: cr.Procs, model: str, logdir, text: str) -> None:
     assert code == 0, out[-3000:]
 
 
+def _two_replicas_and_one_process(tmp_path, model: str):
+    """Two sync workers and one process train ``model`` 10 steps in float64 (logdirs: two, one)."""
+    text = cr.override(10, 10, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
+    logdir, single = tmp_path / "two", tmp_path / "one"
+    with cr.Procs(tmp_path) as procs:
+        workers = cr.sync_workers(procs, 2, [model, f"--logdir={logdir}", f"--params_override={text}"])
+        _single(procs, model, single, text)
+        for proc in workers:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    return logdir, single
+
+
 def _restart_equals_one_process(procs: cr.Procs, logdir, single, saved: int, more: int) -> None:
     """Restarts both sync workers to train ``more`` steps past ``ckpt-<saved>``, and one process from
     scratch as far: the chief resumes from that checkpoint and the weights come out equal."""
@@ -112,14 +125,7 @@ def test_gpipe_inside_each_sync_replica_equals_one_process(tmp_path):
     close, so any difference left is the algorithm's: a replica's micro-batch must be the matching
     half of one process's micro-batch, normalised by the same statistics, with the same gradient.
     """
-    text = cr.override(10, 10, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
-    logdir, single = tmp_path / "two", tmp_path / "one"
-    with cr.Procs(tmp_path) as procs:
-        workers = cr.sync_workers(procs, 2, [GPIPE, f"--logdir={logdir}", f"--params_override={text}"])
-        _single(procs, GPIPE, single, text)
-        for proc in workers:
-            code, out = procs.wait(proc, TIMEOUT)
-            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    logdir, single = _two_replicas_and_one_process(tmp_path, GPIPE)
     assert "2 stages" in (logdir / "model_analysis.txt").read_text()
     diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-10"), str(single / "train/ckpt-10"))
     assert count >= 12 and diff <= 1e-10, diff  # 1.1e-16 seen; float32 rounding alone is 1e-7
@@ -133,14 +139,7 @@ def test_local_parallelism_inside_each_sync_replica_equals_one_process(tmp_path)
     The hand-off buffers are left out: each replica holds the hand-off of its own half (32 of the 64
     rows), and the checkpoint keeps replica 0's (a resumed sync run of a local model starts replica 1
     from it: not equal to one process for the step after the resume; docs/parallelism/local.md)."""
-    text = cr.override(10, 10, "task.train.learning_rate : 0.01; task.dtype : 'float64'")
-    logdir, single = tmp_path / "two", tmp_path / "one"
-    with cr.Procs(tmp_path) as procs:
-        workers = cr.sync_workers(procs, 2, [LOCAL, f"--logdir={logdir}", f"--params_override={text}"])
-        _single(procs, LOCAL, single, text)
-        for proc in workers:
-            code, out = procs.wait(proc, TIMEOUT)
-            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    logdir, single = _two_replicas_and_one_process(tmp_path, LOCAL)
     diff, count = cr.max_weight_diff(
         str(logdir / "train/ckpt-10"), str(single / "train/ckpt-10"), skip=("handoff",)
     )
