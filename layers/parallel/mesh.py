@@ -209,7 +209,6 @@ def create_mesh(
     varying fastest (so it stays within a process when each process holds a multiple of its size).
 
     ``first_device``: the mesh takes the logical devices from this index on (a GPipe stage's submesh)."""
-    keep_all_reduces_apart()  # before any DTensor op: every one needs a mesh made here
     shape, names = list(mesh_shape), list(mesh_axis_names)
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
         raise ConfigError(f"cluster.mesh_shape: expected a non-empty list of ints >= 1, got {mesh_shape!r}")
@@ -263,13 +262,13 @@ def keep_all_reduces_apart() -> bool:
     every thread idle. The combiner is built into DTensor's pass pipeline once, when its device is
     made, and only this environment variable (read by TensorFlow's C++; checked in trainer/tf_compat.py)
     leaves it out. A single mesh loses only the merging of independent all-reduces. Called when this
-    module is imported and by ``create_mesh``, so it runs before any mesh of this project makes the
-    device; a script that makes DTensor's device itself before importing layers keeps the combiner."""
+    module is imported, so before any mesh of ``create_mesh`` makes the device; a script that makes
+    DTensor's device itself before importing layers keeps the combiner."""
     os.environ.setdefault(COMBINE_ALL_REDUCES_ENV, "0")
     return os.environ[COMBINE_ALL_REDUCES_ENV] == "0"
 
 
-keep_all_reduces_apart()  # before DTensor's device is made: the variable is read once, then
+keep_all_reduces_apart()  # at import: before this project makes DTensor's device (read once)
 
 
 @contextlib.contextmanager
