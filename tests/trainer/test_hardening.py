@@ -240,7 +240,11 @@ def test_a_signal_during_start_up_is_one_line(tmp_path, signum, code, words, aft
     ]
     result = _signalled(command, signum, after)
     assert result.returncode == code, result.stderr[-3000:]
-    assert result.stderr.splitlines() == [f"trainer: {words}; the last saved checkpoint is intact"]
+    # inside an import the trainer cannot look at the logdir; once it runs it says none was saved yet
+    assert result.stderr.splitlines() in (
+        [f"trainer: {words}; the last saved checkpoint is intact"],
+        [f"trainer: {words}; no checkpoint was saved yet"],
+    ), result.stderr
 
 
 @pytest.mark.parametrize("signum, code, words", _SIGNALS, ids=["SIGTERM", "SIGINT"])
