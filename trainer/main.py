@@ -283,6 +283,12 @@ def run() -> None:
         except signals.Terminated as e:
             print(f"trainer: {str(e).replace(signals.TRAINER_NOTE, _checkpoint_note())}", file=sys.stderr)
             sys.exit(signals.EXIT_CODE)
+        except Exception:
+            signum = signals.arrived()  # an interruption that TensorFlow turned into another error
+            if signum is None:
+                raise
+            print(f"trainer: {signals.WORDS[signum]}{_checkpoint_note()}", file=sys.stderr)
+            sys.exit(signals.exit_code(signum))
 
     app.run(_main, flags_parser=_parse_flags)
 

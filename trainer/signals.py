@@ -9,10 +9,12 @@ raises ``Terminated`` itself, so the next start resumes from that step.
 A job is often preempted in its first seconds, while TensorFlow imports: an exception raised inside
 an import ends in a traceback (and SIGINT's default one in exit -2). ``install_for_binary`` is
 therefore the first instruction of every binary (``trainer/__init__.py`` and ``tools/__init__.py``
-call it when run by ``python -m``): from then on a signal that arrives inside an import prints the
-binary's one line and exits at once (143 for SIGTERM, 130 for SIGINT; nothing is being written while
-modules import), one that arrives elsewhere raises as above, and an uncaught ``Terminated`` or
-KeyboardInterrupt is the same one line and exit status, never a traceback.
+call it when run by ``python -m``): from then on a signal that arrives inside an import or while
+TensorFlow traces a graph prints the binary's one line and exits at once (143 for SIGTERM, 130 for
+SIGINT; nothing is being written then, and an exception raised inside TensorFlow's C++ callbacks can
+come back as another error with a traceback of its own; a LOCK left behind is stale and taken over),
+one that arrives elsewhere raises as above, and an uncaught ``Terminated`` or KeyboardInterrupt, or
+any error after a signal (``arrived()``), is the same one line and exit status, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,12 +24,20 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 
 EXIT_CODE = 128 + signal.SIGTERM  # the shell's status of a process ended by SIGTERM
 INTERRUPT_EXIT_CODE = 128 + signal.SIGINT  # and by SIGINT (Ctrl-C)
 TRAINER_NOTE = "; the last saved checkpoint is intact"  # ends the trainer's line for either signal
+
+
+WORDS = {signal.SIGTERM: "terminated by SIGTERM", signal.SIGINT: "interrupted"}  # a binary's line says
+
+
+def exit_code(signum: int) -> int:
+    """The exit status of a binary stopped by ``signum`` (SIGTERM or SIGINT)."""
+    return EXIT_CODE if signum == signal.SIGTERM else INTERRUPT_EXIT_CODE
 
 
 class Terminated(BaseException):
@@ -59,10 +69,7 @@ def install_for_binary(name: str | None = None, note: str = "") -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     name = name or binary_name()
-    lines = {
-        signal.SIGTERM: f"{name}: terminated by SIGTERM{note}",
-        signal.SIGINT: f"{name}: interrupted{note}",
-    }
+    lines = {signum: f"{name}: {WORDS[signum]}{note}" for signum in WORDS}
     stderr = os.dup(2)  # the terminal's stderr, even while tf_startup points fd 2 at /dev/null
 
     def exit_with_line(signum: int) -> None:
@@ -71,10 +78,11 @@ def install_for_binary(name: str | None = None, note: str = "") -> None:
                 stream.flush()
         with contextlib.suppress(OSError):
             os.write(stderr, (lines[signum] + "\n").encode(errors="backslashreplace"))
-        os._exit(EXIT_CODE if signum == signal.SIGTERM else INTERRUPT_EXIT_CODE)
+        os._exit(exit_code(signum))
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        if _in_import(frame):
+        on_signal.arrived = signum  # type: ignore[attr-defined]  (read by arrived())
+        if _in_import(frame) or _tracing(frame):
             exit_with_line(signum)  # an exception here would end in a traceback from the import
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -83,6 +91,9 @@ def install_for_binary(name: str | None = None, note: str = "") -> None:
     def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
         if issubclass(kind, (Terminated, KeyboardInterrupt)):
             exit_with_line(signal.SIGTERM if issubclass(kind, Terminated) else signal.SIGINT)
+        signum = arrived()
+        if signum is not None:  # the interruption, raised inside TensorFlow's C++, came back as another error
+            exit_with_line(signum)
         sys.__excepthook__(kind, error, tb)
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -90,10 +101,32 @@ def install_for_binary(name: str | None = None, note: str = "") -> None:
     sys.excepthook = excepthook
 
 
+def arrived() -> int | None:
+    """The signal ``install_for_binary``'s handler last received, or None.
+
+    Raised inside a callback from TensorFlow's C++ (a gradient function while the step is traced,
+    for example), KeyboardInterrupt or Terminated can come back out as an unrelated error (a
+    ValueError from ``nest``); whoever reports an error asks this first, so a stopped run still ends
+    with the signal's one line and exit status."""
+    return getattr(signal.getsignal(signal.SIGTERM), "arrived", None)
+
+
 def _in_import(frame: FrameType | None) -> bool:
     """Whether the frame runs inside an ``import`` (the interpreter's importlib is on its stack)."""
+    return _on_stack(frame, lambda name: name.startswith("<frozen importlib"))
+
+
+def _tracing(frame: FrameType | None) -> bool:
+    """Whether TensorFlow is tracing a graph (its func_graph is on the stack): nothing is written
+    then, and an exception raised there crosses TensorFlow's C++ (gradient functions, ``nest``),
+    which can turn it into another error with a traceback of its own."""
+    func_graph = os.path.join("tensorflow", "python", "framework", "func_graph.py")
+    return _on_stack(frame, lambda name: name.endswith(func_graph))
+
+
+def _on_stack(frame: FrameType | None, matches: Callable[[str], bool]) -> bool:
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        if matches(frame.f_code.co_filename):
             return True
         frame = frame.f_back
     return False
