@@ -112,7 +112,9 @@ class BaseTask(BaseLayer):
         input_signature returning a dict of tensors}``, one of them ``serving_default``.
 
         ``input_generator`` is an evaluation data set's input: the shapes and vocabulary the model was
-        trained with. Only TensorFlow ops: the SavedModel must load without this project."""
+        trained with. Only TensorFlow ops: the SavedModel must load without this project. The built-in
+        tasks trace them with ``autograph=False``, as the trainer traces its functions (tensor control
+        flow with ``tf.cond`` / ``tf.while_loop``): AutoGraph's conversion was half of an LM's export."""
         raise NotImplementedError(f"{type(self).__name__} has no inference() to export")
 
     def post_process_decode_out(

@@ -155,7 +155,10 @@ class ImageClassifierTask(base_task.BaseTask):
         spec = input_generator.dataset().element_spec["image"]
         ctx = FPropContext(training=False, seed=self.params.random_seed)
 
-        @tf.function(input_signature=[tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, name="images")])
+        @tf.function(
+            input_signature=[tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, name="images")],
+            autograph=False,
+        )
         def classify(images: tf.Tensor) -> dict[str, tf.Tensor]:
             logits = self.compute_predictions(ctx, {"image": images})["logits"]
             return {

@@ -200,19 +200,24 @@ class TransformerLmTask(BaseTask):
         ctx = FPropContext(training=False, seed=self.params.random_seed)
         ids_spec = tf.TensorSpec([None, None], tf.int32, name="ids")
 
-        @tf.function(input_signature=[ids_spec, tf.TensorSpec([None, None], tf.float32, name="paddings")])
+        @tf.function(
+            input_signature=[ids_spec, tf.TensorSpec([None, None], tf.float32, name="paddings")],
+            autograph=False,
+        )
         def log_probs(ids: tf.Tensor, paddings: tf.Tensor) -> dict[str, tf.Tensor]:
             logits = self.compute_predictions(ctx, {"ids": ids, "paddings": paddings})["logits"]
             return {"log_probs": tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)}
 
-        @tf.function(input_signature=[tf.TensorSpec([None, prompt_length], tf.int32, name="prompt")])
+        @tf.function(
+            input_signature=[tf.TensorSpec([None, prompt_length], tf.int32, name="prompt")], autograph=False
+        )
         def greedy_continuation(prompt: tf.Tensor) -> dict[str, tf.Tensor]:
             rows = tf.shape(prompt)[0]
             labels = tf.concat([prompt, tf.zeros([rows, length - prompt_length], tf.int32)], axis=1)
             out = self.decode(ctx, {"labels": labels, "paddings": tf.zeros([rows, length], tf.float32)})
             return {"ids": out["hyp_ids"], "text": self._codec.decode(out["hyp_ids"][:, prompt_length:])}
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
         def generate(text: tf.Tensor) -> dict[str, tf.Tensor]:
             pieces = self._codec.pieces(text)[:, : length - 1]
             lengths = tf.cast(pieces.row_lengths(), tf.int32)

@@ -238,11 +238,11 @@ class TransformerMtTask(BaseTask):
                 "scores": out["hyp_scores"],
             }
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
         def translate_text(text: tf.Tensor) -> dict[str, tf.Tensor]:
             return translate(self._codec.encode(text, src_width))
 
-        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="src_ids")])
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="src_ids")], autograph=False)
         def translate_ids(src_ids: tf.Tensor) -> dict[str, tf.Tensor]:
             return translate(serving.fixed_width(src_ids, src_width))
 
