@@ -23,9 +23,10 @@ rounds, so all see the same machine load; the best step of each side counts (loa
 - scaling: K in {2, 4, 8} at M = 4K, one core per stage, as per-device efficiency: the speedup over
   the plain stack on one core divided by its theory KM/(M+K-1). A K needs K cores (else a
   ``skipped`` line); K=2 reuses the speedup run's sides (M=8).
-- memory: a task's real pipelined training step: ``lm.synthetic.GPipeTransformerLM`` (K=2, M=8,
-  remat always, the loss in the last stage) through the trainer's ``TrainStep`` (its while loop, op
-  determinism on), over the same task with ``stack.pipeline = None`` through the same step function.
+- memory: a task's real pipelined training step: ``lm.synthetic.GPipeTransformerLM`` (K=2, M=8
+  (``--memory_micro_batches``; 4 under ``--quick``), remat always, the loss in the last stage)
+  through the trainer's ``TrainStep`` (its while loop, op determinism on), over the same task with
+  ``stack.pipeline = None`` through the same step function.
   Sizes: 8 layers of width 128, FFN 512, 4 heads, sequences of 128 tokens, batch 64, so activations
   outweigh the weights (reported). The figure is the BFC allocator's peak (logical CPU devices share
   it, so this is the process peak); ``live_tensor_ratio`` compares the tensors' own peaks in another,
@@ -245,6 +246,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory_seq_length", type=int, default=128, help="Sequence length, memory task.")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch of the memory task.")
     parser.add_argument(
+        "--memory_micro_batches", type=int, default=8, help="Micro-batches M of the memory task (--quick: 4)."
+    )
+    parser.add_argument(
         "--schedule_memory_width", type=int, default=512, help="Layer width of one_f_one_b_memory's stack."
     )
     parser.add_argument(
@@ -256,6 +260,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_layers, args.memory_seq_length, args.memory_batch = 16, 2, 16, 16
+        args.memory_micro_batches = 4
         args.schedule_memory_width, args.schedule_memory_batch = 64, 64
         # A smoke test: one timed round, no untimed step after the compiling one, and the schedule
         # figures at one reported M (M=16 runs the same code as M=8): each worker costs a TF start.
@@ -382,7 +387,7 @@ def _emit_scaling(stages: int, micro: int, plain: float, pipe: float, sizes: dic
 
 
 def _memory_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]) -> None:
-    k, m = 2, 8
+    k, m = 2, args.memory_micro_batches
     spec = {
         "model": "task", "width": args.memory_width, "depth": args.memory_layers,
         "seq_length": args.memory_seq_length, "batch": args.memory_batch, "stages": k,
