@@ -138,11 +138,10 @@ def export(
     if tf.io.gfile.exists(target) and tf.io.gfile.listdir(target):
         raise UserError(f"{target} already exists; remove it or pass another --export_dir")
     module = tf.Module(name="exported")
-    module.task = task
-    for name, fn in functions.items():
-        setattr(module, name, fn)
+    module.task = task  # the variables (and in-graph vocabularies) the signatures capture
     tmp = f"{target}.tmp-{os.getpid()}"
     try:
+        # Signatures only: functions set as attributes were traced a second time by the save.
         tf.saved_model.save(
             module, tmp, signatures={n: fn.get_concrete_function() for n, fn in functions.items()}
         )
