@@ -146,7 +146,10 @@ def measure(k: int, n: int, r: int, size: dict, steps: int) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark compose")
-    parser.add_argument("--quick", action="store_true", help="Fewer timed steps.")
+    parser.add_argument("--quick", action="store_true", help="A smoke test: the small size, 2 timed steps.")
+    parser.add_argument("--dim", type=int, default=256, help="Model width (hidden is 4x).")
+    parser.add_argument("--pairs", type=int, default=4, help="Megatron pairs of projections.")
+    parser.add_argument("--batch", type=int, default=64, help="Global batch.")
     args = parser.parse_args(argv[1:])
     harness.configure(
         {
@@ -157,9 +160,11 @@ def main(argv: list[str]) -> int:
             "logical_devices": DEVICES,
         }
     )
-    # Small on purpose: pipeline 2 x mesh 2 at dim 256, 4 pairs, batch 64 hung in TensorFlow 2.21's
-    # DTensor (twice, with default and with 64 inter-op threads); this size runs.
-    size = {"dim": 32, "pairs": 2, "batch": 16}
+    # Pipeline 2 x mesh 2 at the default size hung in TensorFlow 2.21's DTensor until its all-reduce
+    # combiner was turned off (layers/parallel/mesh.py, docs/parallelism/compose.md).
+    size = {"dim": args.dim, "pairs": args.pairs, "batch": args.batch}
+    if args.quick:
+        size = {"dim": 32, "pairs": 2, "batch": 16}
     steps = 2 if args.quick else 5
     whole = None
     for k, n, r in combinations():
