@@ -20,8 +20,9 @@ side's best step counts (load only ever adds time).
   costs measured in the same run on this machine. A unit's work is one stage (a chunk of depth / K
   layers; depth / (K v) for the interleaved schedule) on one micro-batch (batch / M rows), timed
   alone on one core (1 intra-op, 1 inter-op thread) as three compiled steps: the forward (F), the
-  forward and the gradient for the chunk's input only (F + I), and the forward and every gradient
-  (F + B). So F, I = (F + I) - F, B = (F + B) - F, W = B - I, the same for every stage (the head's
+  forward and what I computes (F + I: the gradient for the chunk's input, and the weight gradients
+  of the layers whose W the executor does not defer, ``deferred_layers``), and the forward and every
+  gradient (F + B). So F, I = (F + I) - F, B = (F + B) - F, W = B - I, the same for every stage (the head's
   square is noise next to the matrix products). ``alone_speedup`` (a lone stage in the fill or
   drain uses the idle core too) is the widest chunk's F + B step on one core over the same step on
   the pipeline's two cores and threads. Hand-offs cost nothing (logical devices share memory).
@@ -36,12 +37,12 @@ side's best step counts (load only ever adds time).
   weighing what its forward keeps for the backward (``held_bytes``: the stage's input and each
   layer's output) from its forward's start to the end of its last backward unit (B or W); under the
   zero-bubble schedules, from the end of its I to the end of its W, what W reads instead
-  (``weight_held_bytes``: each layer's input and the gradient of its product); and
+  (``weight_held_bytes``: each deferred layer's input and the gradient of its product); and
   each stage's weight-gradient sums (``sums_bytes``) from the end of its first B or W on. The most
   held at one instant, summed over both devices (as measured). ``predicted_peak_per_device_bytes``:
   each device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
-  device, 1F1B K - d on device d; in bytes ZB-H1's first device holds more than 1F1B's here, since a
-  dense layer's W reads its input and its product's gradient, nearly twice what its forward keeps).
+  device, 1F1B K - d on device d; since W defers only as much as the forward kept, ZB-H1's largest
+  per-device peak is 1F1B's, while both devices together hold more).
 """
 
 from __future__ import annotations
@@ -88,7 +89,12 @@ def _cost_step(spec: dict) -> Any:
     from layers.base_layer import FPropContext
 
     model, x, target = _chunk(spec)
-    sources = {"forward": [], "input": [x], "gradients": [x, *model.trainable_variables]}[spec["step"]]
+    # I also takes the weight gradients of the layers past the first ``deferred`` (the executor's
+    # choice, ``deferred_layers``): their variables' names end the chunk's (net.fc<i>.w, net.fc<i>.b).
+    variables = model.trainable_variables
+    deferred = spec.get("deferred", spec["depth"])
+    taken_by_input = [v for v in variables if int(v.name.split(".")[1][2:]) >= deferred]
+    sources = {"forward": [], "input": [x, *taken_by_input], "gradients": [x, *variables]}[spec["step"]]
 
     @tf.function(autograph=False)
     def step() -> tf.Tensor:
@@ -195,7 +201,12 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     chunks = sorted({args.depth // (k * v) for _, v in SCHEDULES})
     unit_batch = args.batch // m
     units = {
-        f"cost_{depth}_{step}": {"depth": depth, "batch": unit_batch, "step": step}
+        f"cost_{depth}_{step}": {
+            "depth": depth,
+            "batch": unit_batch,
+            "step": step,
+            "deferred": deferred_layers(depth, unit_batch, args.width),
+        }
         for depth in chunks
         for step in COST_STEPS
     }
@@ -243,10 +254,20 @@ def held_bytes(depth: int, rows: int, width: int) -> int:
     return (depth + 1) * rows * width * 4
 
 
+def deferred_layers(depth: int, rows: int, width: int) -> int:
+    """How many of a stage's first layers leave their weight gradient to W under the zero-bubble
+    schedules (the executor's rule, ``schedule.deferred_segments``: what they hold from I to W, each
+    layer's input and output gradient, within what the stage's forward keeps); I takes the others'."""
+    from layers.parallel.pipeline import schedule as schedules
+
+    return schedules.deferred_segments(held_bytes(depth, rows, width), [2 * rows * width * 4] * depth)
+
+
 def weight_held_bytes(depth: int, rows: int, width: int) -> int:
-    """What it keeps from its I to its W (zero-bubble schedules): what W reads, each layer's input
-    and the gradient of its product (the executor's cut: the relu's gradient was taken by I)."""
-    return 2 * depth * rows * width * 4
+    """What it keeps from its I to its W (zero-bubble schedules): what W reads, for each deferred
+    layer its input and the gradient of its product (the executor's cut: the relu's gradient was
+    taken by I; the other layers' weight gradients were taken by I too)."""
+    return 2 * deferred_layers(depth, rows, width) * rows * width * 4
 
 
 def sums_bytes(depth: int, width: int) -> int:

@@ -15,7 +15,11 @@ the gradients at its cut: the outputs of the ops that first combine a weight wit
 (a dense layer's product and bias sum), found in the traced graph; W then asks each segment's tape
 for its weights' gradient from the cut (a dense layer's: its input times the product's gradient), so
 it repeats nothing of I and keeps neither the layer's output nor its output gradient alive (without
-a clean cut, e.g. eagerly, W starts from the segment's output gradient). B does both in one
+a clean cut, e.g. eagerly, W starts from the segment's output gradient). W takes only the first
+segments' weight gradients, as many as keep what they hold from I to W within what the stage's
+forward keeps (``schedule.deferred_segments``: Qi et al.'s premise for ZB-H1's 1F1B-sized peak; a
+dense layer's W reads its input and its product's gradient, as much as the whole forward keeps of
+it and more); I takes the others' in its backward pass, as B does. B does both in one
 backward pass per segment (input and weight gradients from one tape call), so schedules without W
 units never look for the cut. The weight gradients are summed over micro-batches as the W (or B)
 units come.
@@ -83,6 +87,8 @@ class _Piece:
     # segment's outputs.
     frontier: list[tuple[tf.Variable, list[tf.Tensor]]] | None = None
     frontier_grads: list[Any] | None = None
+    # Whether W takes this segment's weight gradient (else I does, in its one backward pass, as B).
+    deferred: bool = True
 
 
 class PipelineExecutor:
@@ -323,7 +329,7 @@ class _Step:
                 grads = [None] * len(sources)
                 continue
             ys, gs = zip(*pairs)
-            if weights:
+            if weights or not piece.deferred:
                 variables = list(piece.tape.watched_variables())
                 grads = piece.tape.gradient(list(ys), sources + variables, output_gradients=list(gs))
                 produced += self._add_to_sums(s, variables, grads[len(sources) :])
@@ -339,6 +345,8 @@ class _Step:
         """W: each segment's weight gradient from its output gradient, added to the step's sums."""
         produced = []
         for piece in self.pieces.pop((s, m)):
+            if not piece.deferred:  # I took its weight gradient
+                continue
             variables = list(piece.tape.watched_variables())
             pairs = [
                 (y, g)
@@ -408,9 +416,12 @@ class _Step:
                 x = segment(ctx, x)
             flat_out = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
             x = tf.nest.pack_sequence_as(x, flat_out)
-            split = self.ex.splits_weights and not self.ex.meshes
-            frontier = _weight_frontier(tape, flat_in, flat_out) if split else None
-            pieces.append(_Piece(tape, flat_in, flat_out, frontier=frontier))
+            pieces.append(_Piece(tape, flat_in, flat_out))
+        if pieces is not None and self.ex.splits_weights:
+            _choose_deferred(pieces)
+            for piece in pieces:
+                if piece.deferred and not self.ex.meshes:
+                    piece.frontier = _weight_frontier(piece.tape, piece.inputs, piece.outputs)
         return [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)], x
 
     def _gradient_in(self, s: int, m: int) -> list[Any]:
@@ -715,6 +726,36 @@ def _frontier_weight_grads(piece: _Piece) -> list[Any]:
         ys, dys = zip(*pairs)
         grads.append(piece.tape.gradient(list(ys), v, output_gradients=list(dys)))
     return grads
+
+
+# ------------------------------------------------------------------------ which weight gradients W takes
+def _choose_deferred(pieces: list[_Piece]) -> None:
+    """Marks the stage's segments whose weight gradient W takes (``deferred_segments``), from their
+    static shapes: the forward keeps the float inputs and outputs of the segments with weights (each
+    once); such a segment's W reads its inputs and its outputs' gradients. A tensor a segment passes
+    through unchanged (the head's inputs on the way to the head) counts for neither."""
+    kept: dict[int, int | None] = {}
+    held: list[int | None] = []
+    for piece in pieces:
+        if not piece.tape.watched_variables():
+            held.append(0)
+            continue
+        through = {id(t) for t in piece.inputs} & {id(t) for t in piece.outputs}
+        tensors = [t for t in piece.inputs + piece.outputs if t.dtype.is_floating and id(t) not in through]
+        sizes = [_static_bytes(t) for t in tensors]
+        kept.update(zip([id(t) for t in tensors], sizes))
+        held.append(None if None in sizes else sum(int(b or 0) for b in sizes))
+    if None in kept.values():
+        return
+    count = schedules.deferred_segments(sum(int(b or 0) for b in kept.values()), held)
+    for i, piece in enumerate(pieces):
+        piece.deferred = i < count
+
+
+def _static_bytes(t: tf.Tensor) -> int | None:
+    if not t.shape.is_fully_defined():
+        return None
+    return int(t.shape.num_elements()) * t.dtype.size
 
 
 # ----------------------------------------------------------------------------------------- helpers

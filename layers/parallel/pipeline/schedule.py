@@ -488,6 +488,29 @@ def peak_held(
     return [max([lv for _, lv in steps] + [0.0]) for steps in held_over_time(evs, weight, after_input, sums)]
 
 
+def deferred_segments(kept_bytes: int, weight_held_bytes: list[int | None]) -> int:
+    """How many of a stage's first segments leave their weight gradient to W: as many as keep what
+    they hold from I to W (``weight_held_bytes``, per segment in forward order; 0 for a segment
+    without weights, None where unknown) within what the stage's forward keeps (``kept_bytes``).
+
+    Qi et al.'s ZB-H1 holds K micro-batches on every device and promises 1F1B's peak, K forwards'
+    worth, on the premise that a micro-batch between I and W weighs no more than after its forward
+    (W reads a subset of what B reads). Where W's reads are as big as the activations (a dense
+    layer's: its input and its product's gradient, twice what its forward keeps), deferring every
+    weight gradient breaks that premise; the segments past the budget take theirs in I (one backward
+    pass, as B: the same work, only not deferrable). The first segments defer: I reaches them last,
+    so what the others would hold is freed as I goes. Unknown sizes defer everything."""
+    if any(b is None for b in weight_held_bytes):
+        return len(weight_held_bytes)
+    held, count = 0, 0
+    for b in weight_held_bytes:
+        held += int(b or 0)
+        if held > kept_bytes:
+            break
+        count += 1
+    return count
+
+
 def theoretical_bubble(num_stages: int, num_micro_batches: int, virtual_stages: int = 1) -> float:
     """(K - 1) / (v M + K - 1): fill-drain's and 1F1B's bubble (v = 1) and interleaved 1F1B's, when
     every stage costs the same."""

@@ -66,3 +66,43 @@ def test_eagerly_there_is_no_cut():
         tape.watch(x)
         y = tf.matmul(x, w)
     assert executor._weight_frontier(tape, [x], [y]) is None
+
+
+def test_w_defers_only_the_first_segments_whose_reads_fit_what_the_forward_keeps():
+    """Four dense layers on 4 rows of 4: the forward keeps 5 activations (the input, each output), W
+    of a layer reads 2 (its input, its product's gradient): the first 2 layers defer, I takes the
+    others' weight gradients; a layer without weights (the head) and unknown sizes change nothing."""
+    ws = [tf.Variable(tf.random.stateless_normal([4, 4], [i, 7])) for i in range(4)]
+    out = {}
+
+    @tf.function
+    def run(x: tf.Tensor):
+        pieces = []
+        for w in ws:
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch(x)
+                y = tf.nn.relu(tf.matmul(x, w))
+            pieces.append(executor._Piece(tape, [x], [y]))
+            x = y
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.square(x), axis=-1)
+        pieces.append(executor._Piece(tape, [x], [loss]))
+        executor._choose_deferred(pieces)
+        out["deferred"] = [p.deferred for p in pieces]
+        return loss
+
+    run(tf.ones([4, 4]))
+    assert out["deferred"] == [True, True, False, False, False]
+    out.clear()
+    run.get_concrete_function(tf.TensorSpec([None, 4]))  # rows unknown: every weight gradient to W
+    assert out["deferred"] == [True] * 5
+
+
+def test_deferred_segments_counts_the_first_ones_within_the_budget():
+    from layers.parallel.pipeline import schedule
+
+    assert schedule.deferred_segments(5, [2, 2, 2, 2]) == 2
+    assert schedule.deferred_segments(5, [0, 2, 2, 2]) == 3  # no weights: nothing held
+    assert schedule.deferred_segments(1, [2, 2]) == 0  # I then takes every weight gradient (as B)
+    assert schedule.deferred_segments(5, [2, None, 2]) == 3  # a size unknown: the paper's split
