@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from params.hyperparams import Params
+from tasks.learner import Learner
 from trainer import signals, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.distributed import roles, strategies
@@ -65,6 +66,23 @@ class OnDevice:
     def global_step(self) -> tf.Variable:
         with tf.init_scope():
             return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+
+    def build_learner(self, train_params: Params, variables: list) -> Learner:
+        """The learner of ``variables`` (its slots built beside them)."""
+        return Learner(train_params, variables)
+
+    def update_if(
+        self, finite: tf.Tensor, update: Callable[[], dict], guarded: Callable[[tf.Tensor], dict]
+    ) -> dict[str, tf.Tensor]:
+        """The step's update when ``finite``, else nothing (zero summaries): one ``tf.cond`` of
+        ``update``; ``guarded(finite)`` is the same update guarded variable by variable."""
+        del guarded
+        skipped = {name: tf.zeros([], tf.float32) for name in Learner.SUMMARY_NAMES}
+        return tf.cond(finite, update, lambda: skipped)
+
+    def home_scalar(self, x: Any) -> Any:
+        """A scalar of the step (a check, a metric) where the loss is (on several meshes: the loss's)."""
+        return x
 
     # -------------------------------------------------------------------------- inside a step
     def reduce(
