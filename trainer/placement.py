@@ -14,6 +14,10 @@ the only thing that differs between modes:
                      (ParameterServerStrategy)      by a ClusterCoordinator            parameter_servers.py
     MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   distributed/
                                                     each batch copied onto the mesh    mesh_placement.py
+    StageMeshPlacement  GPipe stages on DTensor   MeshPlacement's loop; each         distributed/
+                     meshes of their own (the       variable's update guarded on its   mesh_placement.py
+                     layers around the pipeline on  own mesh
+                     the first and last stage's)
     MeshAcrossProcesses (--mode=mesh, distributed/mesh_cluster.py): the mesh's devices in K processes
                      (multi-client DTensor); the same loop of compiled steps, a fixed number per
                      call; every process saves the slices its devices hold
@@ -79,6 +83,11 @@ class OnDevice:
         del guarded
         skipped = {name: tf.zeros([], tf.float32) for name in Learner.SUMMARY_NAMES}
         return tf.cond(finite, update, lambda: skipped)
+
+    def startup_line(self, step: TrainStep) -> str | None:
+        """A line the trainer prints once the step is built (None: nothing to say)."""
+        del step
+        return None
 
     def home_scalar(self, x: Any) -> Any:
         """A scalar of the step (a check, a metric) where the loss is (on several meshes: the loss's)."""

@@ -109,6 +109,9 @@ class TrainLoop:
         self.placement.restored(self.step_fn, self.step)
         if not self.is_chief:
             return
+        line = self.placement.startup_line(self.step_fn)
+        if line:
+            self._log(line)
         if restored:
             self._log(f"trainer: resumed from {restored} at step {self.step}")
         params_changed = self._opened.record(

@@ -275,6 +275,25 @@ class StageMeshPlacement(MeshPlacement):
     def home_scalar(self, x: Any) -> Any:
         return mesh_lib.scalar_on(x, self.home.mesh)
 
+    def startup_line(self, step: TrainStep) -> str:
+        """Per device: the bytes of the weights it holds (its slices), and an activation estimate:
+        the pipeline inputs a stage keeps for its backward (one per micro-batch in flight, at most
+        all of them under fill-drain), replicated on each of its devices. Not counted: optimizer
+        slots (Adam: twice the weights), activations inside a stage (recomputed in its backward)."""
+        held: dict[str, int] = {}
+        for v in step.task.trainable_variables:
+            for part in dtensor.unpack(v.read_value()):
+                held[part.device] = held.get(part.device, 0) + part.shape.num_elements() * part.dtype.size
+        whole = sum(v.shape.num_elements() * v.dtype.size for v in step.task.trainable_variables)
+        m_count, micro = self.pipeline.micro_batch_input_bytes or (0, 0)
+        devices = " ".join(f"{d.split('device:')[-1]}={n / 1e3:.1f}K" for d, n in sorted(held.items()))
+        return (
+            f"trainer: pipeline {self.pipeline.num_stages} x mesh {self.home.describe()}: weight bytes per "
+            f"device {devices} (unsharded model {whole / 1e3:.1f}K; optimizer slots not counted); "
+            f"activations kept per stage device <= {m_count} micro-batches x {micro / 1e3:.1f}K of "
+            "stage input (inside a stage: recomputed, not counted)"
+        )
+
     def reduce(
         self, loss: tf.Tensor, grads: list, values: dict, variables: list
     ) -> tuple[tf.Tensor, list, dict]:

@@ -381,6 +381,9 @@ class GPipeLayer(BaseLayer):
             )
         return meshes
 
+    # (micro-batches, bytes of one micro-batch's pipeline input) of the last training trace
+    micro_batch_input_bytes: tuple[int, int] | None = None
+
     @property
     def stage_meshes(self) -> list[mesh_lib.DeviceMesh]:
         """Each schedule device's mesh (empty without stage_mesh_shape)."""
@@ -581,6 +584,11 @@ class GPipeLayer(BaseLayer):
             return self._stage_fn(0, head)(ctx, (x, head_inputs))
         with device_choice.on(self._devices[0]), tf.name_scope("split_micro_batches"):
             micro = self._split(flat, ctx.training, device=self._devices[0])
+        if ctx.training:  # what a stage keeps per micro-batch for its backward (static shapes)
+            self.micro_batch_input_bytes = (
+                len(micro),
+                sum(t.shape.num_elements() * t.dtype.size for t in micro[0] if t.shape.is_fully_defined()),
+            )
         head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
         if head_flat:
             with device_choice.on(self._devices[-1]), tf.name_scope("split_head_inputs"):

@@ -68,6 +68,11 @@ def test_stage_meshes_train_like_the_plain_model(schedule):
         v for v in staged.task.trainable_variables if "model" in dtensor.fetch_layout(v).sharding_specs
     ]
     assert len(sharded) >= 12, [v.name for v in sharded]
+    line = staged.placement.startup_line(staged)
+    assert "\n" not in line and line.startswith("trainer: pipeline 2 x mesh model=2: weight bytes per device")
+    assert all(f"CPU:{d}=" in line for d in range(4)) and "<= 2 micro-batches x 2.2K" in line, (
+        line
+    )  # x [4, 8, 16] + paddings [4, 8]
     losses = {}
     for name, step in (("plain", plain), ("staged", staged)):
         finite, outputs = step.run(STEPS)
