@@ -14,6 +14,7 @@ projected to keys/values once by ``project_source``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -21,6 +22,7 @@ from layers import checks
 from layers.attention import padding_mask
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import LayerNorm
+from layers.parallel import mesh as mesh_lib
 from layers.parallel.pipeline.gpipe import GPipeLayer
 from layers.transformer import LayerCache, TransformerLayer, attention_masks, transformer_layer_params
 from params.errors import ConfigError
@@ -64,8 +66,9 @@ class TransformerStack(BaseLayer):
             self.create_children("layers", list(p.layers))
         else:
             self._create_pipeline(p.pipeline, list(p.layers))
-        if p.final_ln:
-            self.create_child("final_ln", LayerNorm.Params().set(input_dim=dim, epsilon=p.ln_epsilon))
+        if p.final_ln:  # run in the pipeline's last stage: on its mesh when the stages have meshes
+            with mesh_lib.mesh_scope(self.output_mesh or self.mesh):
+                self.create_child("final_ln", LayerNorm.Params().set(input_dim=dim, epsilon=p.ln_epsilon))
 
     def _create_pipeline(self, template: Params, layers: list[Params]) -> None:
         if not isinstance(template, InstantiableParams) or not issubclass(template.cls, GPipeLayer):
@@ -90,6 +93,17 @@ class TransformerStack(BaseLayer):
     def is_pipelined(self) -> bool:
         return self.params.pipeline is not None
 
+    @property
+    def output_mesh(self) -> mesh_lib.DeviceMesh | None:
+        """The mesh of the stack's outputs when its pipeline's stages have meshes of their own (the
+        last stage's), else None: the layers after the stack are built there."""
+        return self.pipeline.output_mesh if self.is_pipelined else None
+
+    def to_output_mesh(self, x: Any) -> Any:
+        """Inputs (labels, paddings) given on the stack's input mesh -> on its output mesh (as they
+        are without stage meshes)."""
+        return self.pipeline.to_output_mesh(x) if self.is_pipelined else x
+
     def fprop_with_head(
         self,
         ctx: FPropContext,
@@ -112,6 +126,7 @@ class TransformerStack(BaseLayer):
         def stack_head(ctx: FPropContext, state: dict, inputs: dict) -> dict[str, tf.Tensor]:
             return head(ctx, self._finish(ctx, state["x"]), inputs)
 
+        head_inputs = self.to_output_mesh(head_inputs)  # given beside x, used in the last stage
         return self.pipeline(ctx, state, head=stack_head, head_inputs=head_inputs)
 
     def fprop(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
 
+from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks import optimizers
@@ -123,8 +124,13 @@ class Learner(tf.Module):
     # The float32 scalars ``apply_gradients`` returns, in this order.
     SUMMARY_NAMES = ("learning_rate", "grad_norm", "grad_scale")
 
-    def __init__(self, params: Params, variables: Sequence[tf.Variable] | None = None) -> None:
+    def __init__(
+        self, params: Params, variables: Sequence[tf.Variable] | None = None, home: object = None
+    ) -> None:
+        """``home``: the DTensor mesh of the step's scalars (loss, global step, the summaries this
+        returns) when the variables lie on several meshes (GPipe stages on meshes of their own)."""
         super().__init__(name="learner")
+        self._home = home
         validate(params)
         self._params = params.copy().freeze()
         self.optimizer = optimizers.from_train_params(self._params)
@@ -174,7 +180,10 @@ class Learner(tf.Module):
         return tf.constant(float(p.learning_rate), tf.float32) * multiplier
 
     def apply_gradients(
-        self, grads_and_vars: Iterable[tuple[tf.Tensor | None, tf.Variable]], step: tf.Tensor | int
+        self,
+        grads_and_vars: Iterable[tuple[tf.Tensor | None, tf.Variable]],
+        step: tf.Tensor | int,
+        finite: tf.Tensor | None = None,
     ) -> dict[str, tf.Tensor]:
         """One training update at global ``step`` (before it is incremented).
 
@@ -182,7 +191,8 @@ class Learner(tf.Module):
         ``l2_regularizer_weight * var``; then all gradients are scaled by ``grad_scale = min(1,
         clip_gradient_norm_to_value / grad_norm)`` (1 when clipping is off), where ``grad_norm`` is
         their global norm after the L2 term. Returns float32 scalars ``learning_rate``, ``grad_norm``
-        and ``grad_scale`` for summaries.
+        and ``grad_scale`` for summaries. ``finite`` (a bool scalar): each variable and its slots
+        change only where it is true, under a condition on the variable's own mesh.
         """
         p = self._params
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
@@ -196,15 +206,27 @@ class Learner(tf.Module):
                     grad = grad + tf.cast(p.l2_regularizer_weight, grad.dtype) * var
             grads.append(grad)
             variables.append(var)
-        grad_norm = tf.linalg.global_norm(grads)
+        meshes = [mesh_lib.mesh_of(v) for v in variables]
+        across = len({m for m in meshes if m is not None}) > 1
+        home = (self._home if self._home is not None else meshes[-1]) if across else None
+        if across:  # each square on its variable's mesh, summed on the home mesh
+            squares = [
+                mesh_lib.scalar_on(tf.reduce_sum(tf.square(g)), home, m) for g, m in zip(grads, meshes)
+            ]
+            grad_norm = tf.sqrt(tf.add_n(squares))
+        else:
+            grad_norm = tf.linalg.global_norm(grads)
         if p.clip_gradient_norm_to_value > 0:
             clip = tf.constant(float(p.clip_gradient_norm_to_value), tf.float32)
             grad_scale = tf.minimum(1.0, clip / tf.maximum(grad_norm, 1e-30))
-            grads = [_scaled(g, grad_scale) for g in grads]
+            grads = [
+                _scaled(g, mesh_lib.scalar_on(grad_scale, m) if across else grad_scale)
+                for g, m in zip(grads, meshes)
+            ]
         else:
-            grad_scale = tf.constant(1.0, tf.float32)
-        lr = self.learning_rate(step)
-        self.optimizer.apply(grads, variables, lr, step)
+            grad_scale = mesh_lib.scalar_on(tf.constant(1.0, tf.float32), home)
+        lr = mesh_lib.scalar_on(self.learning_rate(step), home)
+        self.optimizer.apply(grads, variables, lr, step, across_meshes=across, guard=finite)
         return dict(zip(self.SUMMARY_NAMES, (lr, tf.cast(grad_norm, tf.float32), grad_scale)))
 
 

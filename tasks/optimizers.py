@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import Params
 
@@ -75,8 +76,13 @@ class Optimizer(tf.Module):
         variables: Sequence[tf.Variable],
         lr: tf.Tensor,
         step: tf.Tensor | int,
+        across_meshes: bool = False,
+        guard: tf.Tensor | None = None,
     ) -> None:
-        """One update of ``variables`` by ``grads`` with learning rate ``lr`` at global ``step``."""
+        """One update of ``variables`` by ``grads`` with learning rate ``lr`` at global ``step``.
+        ``across_meshes``: the variables lie on several DTensor meshes; ``lr`` and ``step`` are copied
+        onto each variable's. ``guard``: update a variable (and its slots) only where this bool
+        scalar is true, under a ``tf.cond`` on the variable's own mesh."""
         if len(grads) != len(variables):
             raise ValueError(f"{self.name}: {len(grads)} gradients for {len(variables)} variables")
         if not self._refs:
@@ -89,13 +95,26 @@ class Optimizer(tf.Module):
                 raise ValueError(f"{self.name}: variable {var.name} was not given to build()")
             slots = self.slots[i]
             if isinstance(var, dtensor.DVariable):  # placed by its layout on the mesh
-                self._update(
-                    tf.convert_to_tensor(grad), var, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype)
-                )
+                lr_v, t_v = tf.cast(lr, var.dtype), tf.cast(t, var.dtype)
+                if across_meshes:
+                    lr_v, t_v = (mesh_lib.scalar_on(x, mesh_lib.mesh_of(var)) for x in (lr_v, t_v))
+                self._guarded(guard, across_meshes, var, tf.convert_to_tensor(grad), slots, lr_v, t_v)
                 continue
             with tf.device(var.device):
                 grad = tf.convert_to_tensor(grad)
-                self._update(grad, var, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype))
+                self._guarded(guard, False, var, grad, slots, tf.cast(lr, var.dtype), tf.cast(t, var.dtype))
+
+    def _guarded(self, guard, across_meshes, var, grad, slots, lr, t) -> None:
+        if guard is None:
+            self._update(grad, var, slots, lr, t)
+            return
+        ok = mesh_lib.scalar_on(guard, mesh_lib.mesh_of(var)) if across_meshes else guard
+
+        def update() -> tf.Tensor:
+            self._update(grad, var, slots, lr, t)
+            return tf.constant(True)
+
+        tf.cond(ok, update, lambda: tf.constant(False))
 
 
 def _mesh_slot(var: tf.Variable, shape: list[int], name: str) -> tf.Variable:

@@ -14,6 +14,10 @@ the only thing that differs between modes:
                      (ParameterServerStrategy)      by a ClusterCoordinator            parameter_servers.py
     MeshPlacement    DVariables on a DTensor mesh   a Python loop of compiled steps,   distributed/
                                                     each batch copied onto the mesh    mesh_placement.py
+    StageMeshPlacement  GPipe stages on DTensor   MeshPlacement's loop; each         distributed/
+                     meshes of their own (the       variable's update guarded on its   mesh_placement.py
+                     layers around the pipeline on  own mesh
+                     the first and last stage's)
     MeshAcrossProcesses (--mode=mesh, distributed/mesh_cluster.py): the mesh's devices in K processes
                      (multi-client DTensor); the same loop of compiled steps, a fixed number per
                      call; every process saves the slices its devices hold
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from params.hyperparams import Params
+from tasks.learner import Learner
 from trainer import signals, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.distributed import roles, strategies
@@ -65,6 +70,28 @@ class OnDevice:
     def global_step(self) -> tf.Variable:
         with tf.init_scope():
             return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+
+    def build_learner(self, train_params: Params, variables: list) -> Learner:
+        """The learner of ``variables`` (its slots built beside them)."""
+        return Learner(train_params, variables)
+
+    def update_if(
+        self, finite: tf.Tensor, update: Callable[[], dict], guarded: Callable[[tf.Tensor], dict]
+    ) -> dict[str, tf.Tensor]:
+        """The step's update when ``finite``, else nothing (zero summaries): one ``tf.cond`` of
+        ``update``; ``guarded(finite)`` is the same update guarded variable by variable."""
+        del guarded
+        skipped = {name: tf.zeros([], tf.float32) for name in Learner.SUMMARY_NAMES}
+        return tf.cond(finite, update, lambda: skipped)
+
+    def startup_line(self, step: TrainStep) -> str | None:
+        """A line the trainer prints once the step is built (None: nothing to say)."""
+        del step
+        return None
+
+    def home_scalar(self, x: Any) -> Any:
+        """A scalar of the step (a check, a metric) where the loss is (on several meshes: the loss's)."""
+        return x
 
     # -------------------------------------------------------------------------- inside a step
     def reduce(

@@ -65,7 +65,8 @@ class TrainLoop:
         self.train_dir = self._opened.train_dir
         self._log = log
         self._after_save = after_save
-        self.placement = placement or mesh_placement.placement_from_cluster(root.cluster)
+        self.task_params = experiment.task_params_for(root, "train")
+        self.placement = placement or mesh_placement.placement_from_cluster(root.cluster, self.task_params)
         self.is_chief = self.placement.is_chief
         # Who saves: the writer, or every process where a save is collective (a mesh across processes).
         self._saves = self.is_chief or self.placement.saves_everywhere
@@ -108,6 +109,9 @@ class TrainLoop:
         self.placement.restored(self.step_fn, self.step)
         if not self.is_chief:
             return
+        line = self.placement.startup_line(self.step_fn)
+        if line:
+            self._log(line)
         if restored:
             self._log(f"trainer: resumed from {restored} at step {self.step}")
         params_changed = self._opened.record(

@@ -23,7 +23,6 @@ import tensorflow as tf
 from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
-from tasks.learner import Learner
 from trainer import tf_compat, tracing
 from trainer.placement import OnDevice, StepOutputs
 
@@ -46,7 +45,7 @@ class TrainStep:
             self._variables = list(self.task.trainable_variables)
             if not self._variables:
                 raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
-            self.learner = Learner(task_params.train, self._variables)
+            self.learner = placement.build_learner(task_params.train, self._variables)
         self._seed = self.task.params.random_seed
         self._task_params = task_params
         self.traced_step, self.zero_outputs = self._trace_step()
@@ -121,9 +120,28 @@ class TrainStep:
         whose loss is not finite changes nothing. Async training schedules this on the workers."""
         loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
-        skipped = {name: tf.zeros([], tf.float32) for name in Learner.SUMMARY_NAMES}
-        learner_out = tf.cond(finite, lambda: self._apply(grads, ctx), lambda: skipped)
+        learner_out = self.placement.update_if(
+            finite, lambda: self._apply(grads, ctx), self._guarded_apply(grads, ctx)
+        )
         return finite, {"task": values, "learner": learner_out}
+
+    def _guarded_apply(self, grads: list, ctx: FPropContext):
+        """The update guarded variable by variable (a placement over several meshes, ``update_if``)."""
+
+        def apply(finite: tf.Tensor) -> dict[str, tf.Tensor]:
+            if ctx.updates:
+                raise ConfigError(
+                    f"{type(self.task).__name__}: layers that update state in the forward pass (batch "
+                    f"statistics) are not supported by the {type(self.placement).__name__} placement"
+                )
+            step = self.global_step.read_value()
+            out = self.learner.apply_gradients(zip(grads, self._variables), step, finite=finite)
+            self.global_step.assign_add(tf.cast(finite, tf.int64))
+            return {
+                name: tf.where(finite, tf.cast(tf.reshape(v, []), tf.float32), 0.0) for name, v in out.items()
+            }
+
+        return apply
 
     def _step_on(self, iterator: tf.data.Iterator) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
         return self.guarded_step(next(iterator))
@@ -187,5 +205,8 @@ class TrainStep:
         return self.placement.host(self._weights_finite())
 
     def _all_finite(self) -> tf.Tensor:
-        checks = [tf.reduce_all(tf.math.is_finite(v)) for v in self.task.variables if v.dtype.is_floating]
+        home = self.placement.home_scalar
+        checks = [
+            home(tf.reduce_all(tf.math.is_finite(v))) for v in self.task.variables if v.dtype.is_floating
+        ]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)

@@ -194,6 +194,24 @@ class DeviceMesh:
         return max(int(p.shape.num_elements()) * p.dtype.size for p in parts)
 
 
+def mesh_of(var: Any) -> dtensor.Mesh | None:
+    """The DTensor mesh a DVariable lives on (None: a regular variable)."""
+    return var.layout.mesh if isinstance(var, dtensor.DVariable) else None
+
+
+def scalar_on(x: Any, mesh: dtensor.Mesh | None, src: dtensor.Mesh | None = None) -> Any:
+    """A scalar (a learning rate, a norm, a flag) copied onto ``mesh``, replicated, wherever it was
+    computed (inside a function too); ``x`` itself when ``mesh`` is None. DTensor runs no op on
+    inputs from two meshes, so a step over several (GPipe stages on meshes of their own) moves the
+    scalars its updates share to each variable's mesh."""
+    if mesh is None:
+        return x
+    x = tf.convert_to_tensor(x)
+    if src is not None:  # where it is computed, said explicitly (DTensor may not infer it)
+        x = dtensor.relayout(x, dtensor.Layout.replicated(src, 0))
+    return dtensor.copy_to_mesh(x, dtensor.Layout.replicated(mesh, 0))
+
+
 def create_mesh(
     mesh_shape: Sequence[int],
     mesh_axis_names: Sequence[str],

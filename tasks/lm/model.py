@@ -17,6 +17,7 @@ from layers import beam_search
 from layers.base_layer import BaseLayer, FPropContext
 from layers.core import SoftmaxLayer
 from layers.losses import tied_logits
+from layers.parallel import mesh as mesh_lib
 from layers.transformer_decoding import (
     cached_step_fn,
     full_prefix_step_fn,
@@ -66,8 +67,14 @@ class TransformerLmTask(BaseTask):
                 )
         self.create_child("emb", p.emb.copy().set(vocab_size=p.vocab.size))
         self.create_child("stack", p.stack)
-        if not p.tie_softmax:
-            self.create_child("softmax", p.softmax.copy().set(num_classes=p.vocab.size))
+        if p.tie_softmax and self.stack.output_mesh is not None:
+            raise ConfigError(
+                f"{self.path}: tie_softmax uses the embedding (on the first stage's mesh) in the last "
+                "stage, on another mesh (stack.pipeline.stage_mesh_shape); set tie_softmax : False"
+            )
+        if not p.tie_softmax:  # the logits run in the pipeline's last stage: on its mesh, if any
+            with mesh_lib.mesh_scope(self.stack.output_mesh or self.mesh):
+                self.create_child("softmax", p.softmax.copy().set(num_classes=p.vocab.size))
         self._vocab: Vocabulary | None = None
 
     @property
@@ -106,7 +113,7 @@ class TransformerLmTask(BaseTask):
         sums = self.stack.fprop_with_head(
             ctx, x, head, targets, paddings=batch["paddings"], segment_ids=batch.get("segment_ids")
         )
-        return metrics_from_sums(sums, batch["paddings"])
+        return metrics_from_sums(sums, self.stack.to_output_mesh(batch["paddings"]))
 
     def compute_loss(self, ctx: FPropContext, predictions: Any, batch: dict[str, tf.Tensor]) -> Metrics:
         metrics, weights = token_metrics(

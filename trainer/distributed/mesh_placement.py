@@ -29,7 +29,7 @@ from tensorflow.experimental import dtensor
 from layers.parallel import mesh as mesh_lib
 from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
-from params.hyperparams import Params
+from params.hyperparams import InstantiableParams, Params
 from tasks.learner import Learner
 from trainer import tf_compat, tracing
 from trainer.checkpointer import Checkpointer
@@ -49,15 +49,58 @@ def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
     return mesh_lib.create_mesh(shape, list(cluster.mesh_axis_names), cluster.layout_rules)
 
 
-def placement_from_cluster(cluster: Params) -> OnDevice:
-    """A ``MeshPlacement`` when the cluster names a mesh, else the caller's device."""
+def staged_pipelines(task_params: Params) -> list[Params]:
+    """The Params of every GPipe layer in ``task_params`` whose stages carry meshes of their own
+    (``stage_mesh_shape`` set)."""
+    found: list[Params] = []
+
+    def visit(node: Params) -> None:
+        if isinstance(node, InstantiableParams) and isinstance(node.cls, type):
+            if issubclass(node.cls, GPipeLayer) and list(node.stage_mesh_shape):
+                found.append(node)
+        for name in node.names():
+            value = node.get(name)
+            for child in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(child, Params):
+                    visit(child)
+
+    visit(task_params)
+    return found
+
+
+def without_stage_meshes(task_params: Params) -> Params:
+    """``task_params`` with every GPipe layer's stages on plain devices: the same variables, regular
+    ones (a stage-mesh run's host mirror, what its checkpoints hold)."""
+    p = task_params.copy()
+    for node in staged_pipelines(p):
+        node.set(stage_mesh_shape=[], stage_mesh_axis_names=[], stage_layout_rules="")
+    return p
+
+
+def placement_from_cluster(cluster: Params, task_params: Params | None = None) -> OnDevice:
+    """A ``StageMeshPlacement`` when the task's GPipe stages carry meshes, a ``MeshPlacement`` when
+    the cluster names a mesh, else the caller's device."""
     mesh = mesh_from_cluster(cluster)
+    pipelines = staged_pipelines(task_params) if task_params is not None else []
+    if pipelines:
+        if mesh is not None:
+            raise ConfigError(
+                "cluster.mesh_shape and a GPipe layer's stage_mesh_shape both place the model; set "
+                "one (each stage's mesh is the pipeline x mesh combination)"
+            )
+        if len(pipelines) > 1:
+            raise ConfigError(
+                f"{len(pipelines)} GPipe layers set stage_mesh_shape; the trainer places one pipeline "
+                "over stage meshes"
+            )
+        return StageMeshPlacement(pipelines[0])
     return OnDevice() if mesh is None else MeshPlacement(mesh)
 
 
 def make_train_step(cluster: Params, task_params: Params, input_params: Params) -> TrainStep:
-    """The ``TrainStep`` placed on the cluster's mesh, or on the caller's device without one."""
-    return TrainStep(task_params, input_params, placement_from_cluster(cluster))
+    """The ``TrainStep`` placed on the cluster's mesh (or its stages' meshes), or on the caller's
+    device without one."""
+    return TrainStep(task_params, input_params, placement_from_cluster(cluster, task_params))
 
 
 def MeshTrainStep(mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> TrainStep:  # noqa: N802
@@ -157,7 +200,7 @@ class MeshPlacement(OnDevice):
     def host_mirror(self, step: TrainStep) -> tuple[tf.Module, Learner, tf.Variable]:
         """(task, learner, global_step) built without a mesh: what a plain checkpoint holds."""
         if self._mirror is None:
-            task = self._task_params.instantiate()
+            task = without_stage_meshes(self._task_params).instantiate()
             learner = Learner(self._task_params.train, list(task.trainable_variables))
             with tf.init_scope():
                 global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -188,6 +231,86 @@ class MeshPlacement(OnDevice):
                 host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
             )
             dvar.assign(dtensor.relayout(value, layout))
+
+
+class StageMeshPlacement(MeshPlacement):
+    """A GPipe pipeline whose stages carry DTensor meshes of their own (``GPipeLayer``'s
+    ``stage_mesh_shape``): pipeline x mesh in the one ``TrainStep``.
+
+    DTensor runs no op on inputs from two meshes, so each part of the step sits on one: the layers
+    before the pipeline (the embedding) and each batch on the first stage's mesh (``mesh``), the
+    layers after it (final norm, softmax), the loss, the metrics, the global step and the learner's
+    scalars on the last stage's (``home``). The pipeline moves activations and their gradients
+    between stages; the task moves its head's inputs to the last stage (``to_output_mesh``); the
+    learner copies its shared scalars (learning rate, clipping scale) onto each variable's mesh, and
+    its slots take their variable's layout. Checkpoints are the plain format through the host mirror
+    (``MeshCheckpointer``: the same task with the stages on plain devices)."""
+
+    def __init__(self, pipeline_params: Params) -> None:
+        p = pipeline_params
+        rules = p.stage_layout_rules
+        first = mesh_lib.create_mesh(list(p.stage_mesh_shape), list(p.stage_mesh_axis_names), rules)
+        super().__init__(first)
+        self._batch_axis = None  # a stage mesh holds no batch axis (GPipeLayer refuses one)
+        self.home: mesh_lib.DeviceMesh = first
+        self.pipeline: GPipeLayer | None = None
+
+    def build_task(self, task_params: Params) -> tf.Module:
+        with mesh_lib.mesh_scope(self.mesh):  # the layers before the pipeline: its first stage's mesh
+            task = task_params.instantiate()
+        pipes = [m for m in task.submodules if isinstance(m, GPipeLayer) and m.stage_meshes]
+        self.pipeline = pipes[0]
+        self.home = self.pipeline.output_mesh
+        self._task_params = task_params
+        self._layouts = [dtensor.fetch_layout(v) for v in task.trainable_variables]
+        return task
+
+    def global_step(self) -> tf.Variable:
+        with tf.init_scope():
+            return self.home.variable(tf.constant(0, tf.int64), [], "global_step", trainable=False)
+
+    def build_learner(self, train_params: Params, variables: list) -> Learner:
+        return Learner(train_params, variables, home=self.home.mesh)
+
+    def home_scalar(self, x: Any) -> Any:
+        return mesh_lib.scalar_on(x, self.home.mesh)
+
+    def startup_line(self, step: TrainStep) -> str:
+        """Per device: the bytes of the weights it holds (its slices), and an activation estimate:
+        the pipeline inputs a stage keeps for its backward (one per micro-batch in flight, at most
+        all of them under fill-drain), replicated on each of its devices. Not counted: optimizer
+        slots (Adam: twice the weights), activations inside a stage (recomputed in its backward)."""
+        held: dict[str, int] = {}
+        for v in step.task.trainable_variables:
+            for part in dtensor.unpack(v.read_value()):
+                held[part.device] = held.get(part.device, 0) + part.shape.num_elements() * part.dtype.size
+        whole = sum(v.shape.num_elements() * v.dtype.size for v in step.task.trainable_variables)
+        m_count, micro = self.pipeline.micro_batch_input_bytes or (0, 0)
+        devices = " ".join(f"{d.split('device:')[-1]}={n / 1e3:.1f}K" for d, n in sorted(held.items()))
+        return (
+            f"trainer: pipeline {self.pipeline.num_stages} x mesh {self.home.describe()}: weight bytes per "
+            f"device {devices} (unsharded model {whole / 1e3:.1f}K; optimizer slots not counted); "
+            f"activations kept per stage device <= {m_count} micro-batches x {micro / 1e3:.1f}K of "
+            "stage input (inside a stage: recomputed, not counted)"
+        )
+
+    def reduce(
+        self, loss: tf.Tensor, grads: list, values: dict, variables: list
+    ) -> tuple[tf.Tensor, list, dict]:
+        """The gradients as the pipeline made them, on their variables' meshes: consumed in the same
+        step, their layouts follow the variables' (relayouting them here made DTensor reject the
+        step: "'tf.Sum' op CopyToMeshOp must be used to send data across mesh")."""
+        del variables
+        return loss, grads, values
+
+    def update_if(self, finite: tf.Tensor, update: Callable, guarded: Callable) -> dict[str, tf.Tensor]:
+        """Each variable's update under a condition of its own mesh: DTensor (TensorFlow 2.21)
+        compiles no ``tf.cond`` whose branches run on several meshes ("All inputs to
+        `tf_device.Cluster` must have same mesh configuration"), and a step split in two (gradients
+        returned from one function, applied by another) fails too ("'tf.Sum' op CopyToMeshOp must
+        be used to send data across mesh", for the last stage's weights)."""
+        del update
+        return guarded(finite)
 
 
 class MeshCheckpointer(Checkpointer):

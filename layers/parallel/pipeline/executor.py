@@ -524,6 +524,12 @@ class _Step:
 
     def weight_grad(self, v: tf.Variable, scale: Any) -> Any:
         g = self.sums.get(v.ref())
+        if scale is None and self.ex.meshes and g is not None:
+            # Times one on the stage's mesh, as 1F1B's gradients are times the loss's gradient: left
+            # unplaced, DTensor (TensorFlow 2.21) put a fill-drain step's last gradient ops on another
+            # stage's mesh once the learner read them ("'tf.Square' op CopyToMeshOp must be used to
+            # send data across mesh").
+            scale = self._mesh(self.last_stage).to_layout(tf.constant(1.0), [])
         return self._scaled_on(self.var_stage.get(v.ref(), self.last_stage), g, scale)
 
     def _scaled_on(self, s: int, g: Any, scale: Any) -> Any:

@@ -332,11 +332,6 @@ class GPipeLayer(BaseLayer):
             raise ConfigError(
                 f"{self.path}: params.devices and stage_mesh_shape both place the stages; set one"
             )
-        if self.mesh is not None:
-            raise ConfigError(
-                f"{self.path}: stage_mesh_shape puts each stage on a mesh of its own, but the layer is "
-                f"already built on a mesh ({self.mesh.describe()}, cluster.mesh_shape); set one"
-            )
         size = 1
         for n in shape:
             size *= n
@@ -369,6 +364,13 @@ class GPipeLayer(BaseLayer):
         except ConfigError as e:
             msg = str(e).replace("cluster.layout_rules", "stage_layout_rules")
             raise ConfigError(f"{self.path}: {msg}") from None
+        if self.mesh is not None and self.mesh.mesh != meshes[0].mesh:
+            # Built inside its first stage's mesh (a trainer's stage-mesh placement puts the layers
+            # before the pipeline there) is fine; any other enclosing mesh is a second placement.
+            raise ConfigError(
+                f"{self.path}: stage_mesh_shape puts each stage on a mesh of its own, but the layer is "
+                f"already built on a mesh ({self.mesh.describe()}, cluster.mesh_shape); set one"
+            )
         if not mesh_lib.keep_all_reduces_apart():
             env = mesh_lib.COMBINE_ALL_REDUCES_ENV
             raise ConfigError(
@@ -378,6 +380,9 @@ class GPipeLayer(BaseLayer):
                 f"set {env}=0 in the environment"
             )
         return meshes
+
+    # (micro-batches, bytes of one micro-batch's pipeline input) of the last training trace
+    micro_batch_input_bytes: tuple[int, int] | None = None
 
     @property
     def stage_meshes(self) -> list[mesh_lib.DeviceMesh]:
@@ -393,6 +398,15 @@ class GPipeLayer(BaseLayer):
     def output_mesh(self) -> mesh_lib.DeviceMesh | None:
         """Where fprop's outputs (and the head's inputs) are: the last stage's mesh."""
         return self._meshes[(self.num_stages - 1) % len(self._meshes)] if self._meshes else None
+
+    def to_output_mesh(self, x: Any) -> Any:
+        """A nest of tensors on the input mesh (a batch's labels, paddings) -> the same values on the
+        output mesh, for the head and the metrics (no gradient: for inputs, not activations). Without
+        stage meshes, ``x`` as it is."""
+        if not self._meshes or self.input_mesh is self.output_mesh:
+            return x
+        src, dst = self.input_mesh, self.output_mesh
+        return tf.nest.map_structure(lambda t: src.move_to(tf.convert_to_tensor(t), dst), x)
 
     def _make_report(self, method: str) -> str:
         k = self.num_stages
@@ -570,6 +584,11 @@ class GPipeLayer(BaseLayer):
             return self._stage_fn(0, head)(ctx, (x, head_inputs))
         with device_choice.on(self._devices[0]), tf.name_scope("split_micro_batches"):
             micro = self._split(flat, ctx.training, device=self._devices[0])
+        if ctx.training:  # what a stage keeps per micro-batch for its backward (static shapes)
+            self.micro_batch_input_bytes = (
+                len(micro),
+                sum(t.shape.num_elements() * t.dtype.size for t in micro[0] if t.shape.is_fully_defined()),
+            )
         head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
         if head_flat:
             with device_choice.on(self._devices[-1]), tf.name_scope("split_head_inputs"):

@@ -223,3 +223,62 @@ class MeshTransformerLM(TransformerLM):
             mesh_axis_names=["data", "model"],
             layout_rules=self.layout_rules,
         )
+
+
+@registry.register
+class StageMeshTransformerLM(TransformerLM):
+    """TransformerLM as a GPipe pipeline whose stages each carry a DTensor mesh of their own
+    (pipeline x mesh): ``num_stages`` stages x a ``stage_mesh_size``-way ``model`` mesh each on as many
+    logical CPU devices (4 by default: stage k on devices 2k, 2k+1), feed-forward hidden units, heads
+    and vocabulary split over each stage's mesh (docs/parallelism/compose.md).
+
+    The embedding sits on the first stage's mesh, the final norm and the (untied) softmax on the
+    last's; q/k/v are separate projections (fused_qkv with ``heads:model`` fails DTensor's SPMD on
+    stage meshes). Overrides choose the combination with the same variables: ``stage_mesh_size = 1``
+    pipelined on plain devices, ``num_stages = 0`` the plain stack. Training runs through the trainer's
+    stage-mesh placement; evaluation and decoding are not supported on stage meshes yet (train with
+    ``--job=trainer``; the checkpoints are the plain format, so a ``num_stages = 0`` evaler reads them
+    once the names of the stack's layers match: see docs/parallelism/compose.md).
+    """
+
+    def __init__(
+        self,
+        num_stages: int = 2,
+        stage_mesh_size: int = 2,
+        num_micro_batches: int = 2,
+        schedule: str = "fill_drain",
+        stage_layout_rules: str = "hidden:model;heads:model;vocab:model",
+        num_layers: int = 4,
+        **kwargs,
+    ) -> None:
+        super().__init__(num_layers=num_layers, **kwargs)
+        if num_stages < 0 or stage_mesh_size < 1:
+            raise ConfigError("StageMeshTransformerLM: need num_stages >= 0 and stage_mesh_size >= 1")
+        self.num_stages = num_stages
+        self.stage_mesh_size = stage_mesh_size
+        self.num_micro_batches = num_micro_batches
+        self.schedule = schedule
+        self.stage_layout_rules = stage_layout_rules
+
+    def task(self) -> Params:
+        p = super().task()
+        p.tie_softmax = False  # the embedding and the logits sit on different stage meshes
+        for layer in p.stack.layers:
+            layer.fused_qkv = False
+        if self.num_stages:
+            p.stack.pipeline = GPipeLayer.Params().set(
+                name="pipeline",
+                num_stages=self.num_stages,
+                num_micro_batches=self.num_micro_batches,
+                schedule=self.schedule,
+            )
+            if self.stage_mesh_size > 1:
+                p.stack.pipeline.set(
+                    stage_mesh_shape=[self.stage_mesh_size],
+                    stage_mesh_axis_names=["model"],
+                    stage_layout_rules=self.stage_layout_rules,
+                )
+        return p
+
+    def cluster(self) -> Params:
+        return cluster_params().set(num_logical_cpu_devices=max(self.num_stages, 1) * self.stage_mesh_size)
