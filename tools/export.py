@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import flags  # noqa: E402
 
 from params.errors import ConfigError, UserError  # noqa: E402
-from params.hyperparams import InstantiableParams, Params  # noqa: E402
+from params.hyperparams import Params  # noqa: E402
 from trainer import tf_startup  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -40,27 +40,18 @@ flags.DEFINE_string(
 
 
 def single_device(p: Params) -> Params:
-    """``p`` with every GPipeLayer built as one stage, one micro-batch, on the caller's device."""
-    from layers.parallel.pipeline.gpipe import GPipeLayer
+    """``p`` with every GPipeLayer built as one stage, one micro-batch, on the caller's device (stage
+    meshes, too, become plain devices: the same variables)."""
+    from layers.parallel.pipeline.gpipe import clear_stage_meshes, gpipe_params_in
 
     p = p.copy()
-
-    def visit(node: Params) -> None:
-        if isinstance(node, InstantiableParams) and isinstance(node.cls, type):
-            if issubclass(node.cls, GPipeLayer):
-                if node.stages:
-                    node.set(devices=[""] * len(node.stages), num_micro_batches=1, micro_batch_size=0)
-                else:
-                    node.set(num_stages=1, split_points=[], devices=[], num_micro_batches=1)
-                    node.set(micro_batch_size=0)
-        for name in node.names():
-            value = node.get(name)
-            children = value if isinstance(value, (list, tuple)) else [value]
-            for child in children:
-                if isinstance(child, Params):
-                    visit(child)
-
-    visit(p)
+    for node in gpipe_params_in(p):
+        if node.stages:
+            node.set(devices=[""] * len(node.stages), num_micro_batches=1, micro_batch_size=0)
+        else:
+            node.set(num_stages=1, split_points=[], devices=[], num_micro_batches=1)
+            node.set(micro_batch_size=0)
+        clear_stage_meshes(node)
     return p
 
 

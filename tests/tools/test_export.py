@@ -176,15 +176,25 @@ def test_text_mt_export_translates_raw_strings_as_the_decoder_does(tmp_path):
 
 @pytest.mark.parametrize(
     "key, pipeline",
-    [("image.digits.GPipeConvNet", "body.sub[0]"), ("lm.synthetic.GPipeTransformerLM", "stack.pipeline")],
+    [
+        ("image.digits.GPipeConvNet", "body.sub[0]"),
+        ("lm.synthetic.GPipeTransformerLM", "stack.pipeline"),
+        ("lm.synthetic.StageMeshTransformerLM", "stack.pipeline"),
+    ],
 )
 def test_single_device_keeps_the_pipelined_models_variables(key, pipeline):
+    """The export's single-device task has the variables of the run's checkpoints (for stage meshes:
+    of the plain-device mirror a stage-mesh run saves through)."""
+    from trainer.distributed.mesh_placement import without_stage_meshes
+
     root = experiment.resolve(key)
     pipelined = experiment.task_params_for(root, "dev")
     single = export.single_device(pipelined)
     assert single.get(f"{pipeline}.num_stages") == 1 and single.get(f"{pipeline}.num_micro_batches") == 1
+    assert single.get(f"{pipeline}.stage_mesh_shape") == []
     assert pipelined.get(f"{pipeline}.num_stages") == 2  # the original is untouched
-    names = [sorted((v.name, tuple(v.shape)) for v in p.instantiate().variables) for p in (pipelined, single)]
+    saved = without_stage_meshes(pipelined)  # the same Params where no stage carries a mesh
+    names = [sorted((v.name, tuple(v.shape)) for v in p.instantiate().variables) for p in (saved, single)]
     assert names[0] == names[1]
 
 

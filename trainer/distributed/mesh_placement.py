@@ -27,9 +27,9 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from layers.parallel import mesh as mesh_lib
-from layers.parallel.pipeline.gpipe import GPipeLayer
+from layers.parallel.pipeline.gpipe import GPipeLayer, clear_stage_meshes, gpipe_params_in
 from params.errors import ConfigError
-from params.hyperparams import InstantiableParams, Params
+from params.hyperparams import Params
 from tasks.learner import Learner
 from trainer import tf_compat, tracing
 from trainer.checkpointer import Checkpointer
@@ -52,20 +52,7 @@ def mesh_from_cluster(cluster: Params) -> mesh_lib.DeviceMesh | None:
 def staged_pipelines(task_params: Params) -> list[Params]:
     """The Params of every GPipe layer in ``task_params`` whose stages carry meshes of their own
     (``stage_mesh_shape`` set)."""
-    found: list[Params] = []
-
-    def visit(node: Params) -> None:
-        if isinstance(node, InstantiableParams) and isinstance(node.cls, type):
-            if issubclass(node.cls, GPipeLayer) and list(node.stage_mesh_shape):
-                found.append(node)
-        for name in node.names():
-            value = node.get(name)
-            for child in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(child, Params):
-                    visit(child)
-
-    visit(task_params)
-    return found
+    return [node for node in gpipe_params_in(task_params) if list(node.stage_mesh_shape)]
 
 
 def without_stage_meshes(task_params: Params) -> Params:
@@ -73,7 +60,7 @@ def without_stage_meshes(task_params: Params) -> Params:
     ones (a stage-mesh run's host mirror, what its checkpoints hold)."""
     p = task_params.copy()
     for node in staged_pipelines(p):
-        node.set(stage_mesh_shape=[], stage_mesh_axis_names=[], stage_layout_rules="")
+        clear_stage_meshes(node)
     return p
 
 

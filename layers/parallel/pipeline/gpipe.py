@@ -707,3 +707,30 @@ def _non_negative_int(layer: BaseLayer, name: str) -> int:
 def partition_reports(root: BaseLayer) -> str:
     """The partition reports of every GPipeLayer under ``root`` (for a task's model analysis)."""
     return "\n\n".join(layer.partition_report() for layer in layers_of_type(root, GPipeLayer))
+
+
+def gpipe_params_in(p: Params) -> list[InstantiableParams]:
+    """The Params of every GPipeLayer in the tree ``p`` (nested Params and lists of them), outermost
+    first: what the trainer and ``tools.export`` rewrite to place a model's pipelines."""
+    found: list[InstantiableParams] = []
+
+    def visit(node: Params) -> None:
+        if (
+            isinstance(node, InstantiableParams)
+            and isinstance(node.cls, type)
+            and issubclass(node.cls, GPipeLayer)
+        ):
+            found.append(node)
+        for name in node.names():
+            value = node.get(name)
+            for child in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(child, Params):
+                    visit(child)
+
+    visit(p)
+    return found
+
+
+def clear_stage_meshes(node: Params) -> None:
+    """A GPipeLayer's Params set to put its stages on plain devices (the same variables)."""
+    node.set(stage_mesh_shape=[], stage_mesh_axis_names=[], stage_layout_rules="")

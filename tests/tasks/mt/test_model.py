@@ -66,12 +66,16 @@ class _Trained:
 
 @pytest.fixture(scope="module")
 def trained():
-    """The experiment with its defaults (greedy decoding), trained for its max_steps once for the
-    module: the dev metrics before and after, each step's loss. Gin bindings are cleared after."""
+    """The experiment with its defaults (greedy decoding), trained once for the module for 600 of its
+    1000 steps (the learning rate's cosine decays over those 600; test BLEU 100.0, exact match 1.0, as
+    at 1000 steps, measured: 41.7 s of CPU against 66.0): the dev metrics before and after, each step's
+    loss. Gin bindings are cleared after."""
     import gin
 
     try:
-        root = experiment.resolve(MODEL, params_override="task.decode.beam_size : 1")
+        root = experiment.resolve(
+            MODEL, params_override="task.decode.beam_size : 1; task.train.max_steps : 600"
+        )
     finally:
         gin.clear_config()
     task = root.task.instantiate()

@@ -11,6 +11,8 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from params import experiment
+from tools import export
+from trainer import checkpointer
 from trainer.distributed import mesh_placement
 
 STEPS, TOL = 20, 1e-5
@@ -23,16 +25,20 @@ KNOBS = [
 ]  # fmt: skip
 
 
-def _train_step(*knobs: str):
+def _root(*knobs: str):
     gin.clear_config()
     try:
-        root = experiment.resolve(
+        return experiment.resolve(
             "lm.synthetic.StageMeshTransformerLM",
             gin_bindings=[f"StageMeshTransformerLM.{k}" for k in KNOBS + list(knobs)],
             params_override=OVERRIDE,
         )
     finally:
         gin.clear_config()
+
+
+def _train_step(*knobs: str):
+    root = _root(*knobs)
     task_params = experiment.task_params_for(root, "train")
     return mesh_placement.make_train_step(root.cluster, task_params, root.input.train)
 
@@ -52,7 +58,7 @@ def _whole(v) -> np.ndarray:
 
 
 @pytest.mark.parametrize("schedule", ["fill_drain"])  # 1F1B: the same, another minute
-def test_stage_meshes_train_like_the_plain_model(schedule):
+def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
     plain = _train_step("num_stages = 0")
     staged = _train_step(f'schedule = "{schedule}"')
     assert type(staged.placement).__name__ == "StageMeshPlacement"
@@ -83,3 +89,12 @@ def test_stage_meshes_train_like_the_plain_model(schedule):
     diff = max(float(np.max(np.abs(_whole(v) - want[_key(v)]))) for v in staged.task.trainable_variables)
     moved = max(float(np.max(np.abs(want[k] - start[k]))) for k in want)
     assert diff <= TOL < moved, (diff, moved)
+
+    # Its checkpoint (the plain format, through the plain-device mirror) restores into the export's
+    # single-device task: pipeline x mesh -> one device, the same weights.
+    path = mesh_placement.make_checkpointer(str(tmp_path / "train"), 1, staged).save(STEPS)
+    single = export.single_device(experiment.task_params_for(_root(), "dev")).instantiate()
+    checkpointer.restore_task(single, path)
+    restored = {_key(v): v.numpy() for v in single.trainable_variables}
+    assert sorted(restored) == sorted(want)
+    assert max(float(np.max(np.abs(restored[k] - want[k]))) for k in want) <= TOL
