@@ -75,14 +75,11 @@ class OnDevice:
         """The learner of ``variables`` (its slots built beside them)."""
         return Learner(train_params, variables)
 
-    def update_if(
-        self, finite: tf.Tensor, update: Callable[[], dict], guarded: Callable[[tf.Tensor], dict]
-    ) -> dict[str, tf.Tensor]:
-        """The step's update when ``finite``, else nothing (zero summaries): one ``tf.cond`` of
-        ``update``; ``guarded(finite)`` is the same update guarded variable by variable."""
-        del guarded
+    def update_if(self, finite: tf.Tensor, update: Callable[[Any], dict]) -> dict[str, tf.Tensor]:
+        """The step's update when ``finite``, else nothing (zero summaries): ``update(None)`` under
+        one ``tf.cond`` (``update(finite)`` guards each variable's update instead)."""
         skipped = {name: tf.zeros([], tf.float32) for name in Learner.SUMMARY_NAMES}
-        return tf.cond(finite, update, lambda: skipped)
+        return tf.cond(finite, lambda: update(None), lambda: skipped)
 
     def startup_line(self, step: TrainStep) -> str | None:
         """A line the trainer prints once the step is built (None: nothing to say)."""

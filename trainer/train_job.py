@@ -70,7 +70,6 @@ class TrainLoop:
         self.is_chief = self.placement.is_chief
         # Who saves: the writer, or every process where a save is collective (a mesh across processes).
         self._saves = self.is_chief or self.placement.saves_everywhere
-        self.task_params = experiment.task_params_for(root, "train")
         self.train = self.task_params.train
         self._writer: SummaryWriter | None = None
         self.step_fn: TrainStep | None = None

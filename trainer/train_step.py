@@ -86,12 +86,23 @@ class TrainStep:
         loss, grads, values = self.placement.reduce(loss, grads, values, self._variables)
         return loss, grads, ctx, values
 
-    def _apply(self, grads: list, ctx: FPropContext) -> dict[str, tf.Tensor]:
+    def _apply(self, grads: list, ctx: FPropContext, finite: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """One update and the learner's scalars. ``finite`` None: unconditional (the placement's
+        ``update_if`` runs it under one ``tf.cond``); else each variable changes only where it is true
+        (a placement over several meshes) and a skipped step's scalars are zeros."""
+        if finite is not None and ctx.updates:
+            raise ConfigError(
+                f"{type(self.task).__name__}: layers that update state in the forward pass (batch "
+                f"statistics) are not supported by the {type(self.placement).__name__} placement"
+            )
         step = self.global_step.read_value()
-        out = self.learner.apply_gradients(zip(grads, self._variables), step)
+        out = self.learner.apply_gradients(zip(grads, self._variables), step, finite=finite)
         ctx.apply_updates()
-        self.global_step.assign_add(1)
-        return {name: tf.cast(tf.reshape(value, []), tf.float32) for name, value in out.items()}
+        self.global_step.assign_add(1 if finite is None else tf.cast(finite, tf.int64))
+        values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, value in out.items()}
+        if finite is None:
+            return values
+        return {name: tf.where(finite, value, 0.0) for name, value in values.items()}
 
     def _trace_step(self) -> tuple[tf.types.experimental.ConcreteFunction, dict]:
         """One step traced and not yet run, and zeros shaped like its outputs (the loop's initial
@@ -120,28 +131,8 @@ class TrainStep:
         whose loss is not finite changes nothing. Async training schedules this on the workers."""
         loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
-        learner_out = self.placement.update_if(
-            finite, lambda: self._apply(grads, ctx), self._guarded_apply(grads, ctx)
-        )
+        learner_out = self.placement.update_if(finite, lambda guard: self._apply(grads, ctx, guard))
         return finite, {"task": values, "learner": learner_out}
-
-    def _guarded_apply(self, grads: list, ctx: FPropContext):
-        """The update guarded variable by variable (a placement over several meshes, ``update_if``)."""
-
-        def apply(finite: tf.Tensor) -> dict[str, tf.Tensor]:
-            if ctx.updates:
-                raise ConfigError(
-                    f"{type(self.task).__name__}: layers that update state in the forward pass (batch "
-                    f"statistics) are not supported by the {type(self.placement).__name__} placement"
-                )
-            step = self.global_step.read_value()
-            out = self.learner.apply_gradients(zip(grads, self._variables), step, finite=finite)
-            self.global_step.assign_add(tf.cast(finite, tf.int64))
-            return {
-                name: tf.where(finite, tf.cast(tf.reshape(v, []), tf.float32), 0.0) for name, v in out.items()
-            }
-
-        return apply
 
     def _step_on(self, iterator: tf.data.Iterator) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
         return self.guarded_step(next(iterator))

@@ -262,16 +262,10 @@ class CorpusLmInput(BaseInput):
                 # The sentencepiece library's own encoder (the C++ tensorflow_text's op wraps) on
                 # the raw bytes: the same pieces without importing tensorflow_text, which imports
                 # Keras (~1.2 s of CPU a process).
-                from tasks.lm.sentencepiece_vocab import load_processor, read_model
-
-                Vocabulary.from_params(p.vocab)  # checks the model and its size
-                processor = load_processor(read_model(p.vocab.file), "vocabulary")
+                vocab = Vocabulary.from_params(p.vocab)  # checks the model and its size
                 cut = p.seq_length - 1
-                rows = [
-                    ids[:cut]
-                    for batch in self._line_batches(4096)
-                    for ids in processor.encode(list(batch.numpy()))
-                ]
+                lines = (list(batch.numpy()) for batch in self._line_batches(4096))
+                rows = [ids[:cut] for batch in lines for ids in vocab.encode_all(batch)]
                 lengths = np.array([len(r) for r in rows], np.int64)
                 splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
                 values = np.fromiter((i for r in rows for i in r), np.int32, count=int(splits[-1]))

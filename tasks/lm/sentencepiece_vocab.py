@@ -83,6 +83,11 @@ class SentencePieceVocabulary:
         """Piece ids of ``text`` (no BOS/EOS)."""
         return list(self._sp.EncodeAsIds(text))
 
+    def encode_all(self, texts: list[bytes]) -> list[list[int]]:
+        """Piece ids of each of ``texts`` (raw UTF-8 bytes, as tensorflow_text's op reads them; no
+        BOS/EOS), in one call of the library."""
+        return self._sp.encode(texts)
+
     def tokens(self, ids: Iterable[int]) -> list[str]:
         """Pieces of ``ids`` up to the first EOS, skipping pad and BOS."""
         return [self.token(i) for i in _content(ids)]

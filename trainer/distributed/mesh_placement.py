@@ -290,14 +290,13 @@ class StageMeshPlacement(MeshPlacement):
         del variables
         return loss, grads, values
 
-    def update_if(self, finite: tf.Tensor, update: Callable, guarded: Callable) -> dict[str, tf.Tensor]:
+    def update_if(self, finite: tf.Tensor, update: Callable) -> dict[str, tf.Tensor]:
         """Each variable's update under a condition of its own mesh: DTensor (TensorFlow 2.21)
         compiles no ``tf.cond`` whose branches run on several meshes ("All inputs to
         `tf_device.Cluster` must have same mesh configuration"), and a step split in two (gradients
         returned from one function, applied by another) fails too ("'tf.Sum' op CopyToMeshOp must
         be used to send data across mesh", for the last stage's weights)."""
-        del update
-        return guarded(finite)
+        return update(finite)
 
 
 class MeshCheckpointer(Checkpointer):

@@ -750,10 +750,10 @@ def _choose_deferred(pieces: list[_Piece]) -> None:
         tensors = [t for t in piece.inputs + piece.outputs if t.dtype.is_floating and id(t) not in through]
         sizes = [_static_bytes(t) for t in tensors]
         kept.update(zip([id(t) for t in tensors], sizes))
-        held.append(None if None in sizes else sum(int(b or 0) for b in sizes))
+        held.append(None if None in sizes else sum(sizes))
     if None in kept.values():
         return
-    count = schedules.deferred_segments(sum(int(b or 0) for b in kept.values()), held)
+    count = schedules.deferred_segments(sum(kept.values()), held)
     for i, piece in enumerate(pieces):
         piece.deferred = i < count
 
