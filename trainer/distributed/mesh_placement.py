@@ -31,7 +31,7 @@ from layers.parallel.pipeline.gpipe import GPipeLayer, clear_stage_meshes, gpipe
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import tf_compat, tracing
+from trainer import checkpoint_names, tf_compat, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.placement import OnDevice, StepOutputs
 from trainer.train_step import TrainStep
@@ -248,11 +248,7 @@ class MeshPlacement(OnDevice):
     def load_host(self, step: TrainStep) -> None:
         """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
         for dvar, host in self._pairs(step):
-            layout = dtensor.fetch_layout(dvar)
-            value = dtensor.copy_to_mesh(
-                host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
-            )
-            dvar.assign(dtensor.relayout(value, layout))
+            checkpoint_names.assign_whole(dvar, host.read_value())
 
 
 class StageMeshPlacement(MeshPlacement):
