@@ -20,7 +20,10 @@ levels of GPipe layers (``canonical``):
 
 The match must be one to one and cover every variable of the task, with the same shapes; values are
 assigned whole (a DVariable's split by its layout). ``checkpointer.restore_task`` (evalers, decoders,
-``tools.export``) uses it when the checkpoint's object graph does not match the task's.
+``tools.export``) uses it when the checkpoint's object graph does not match the task's, and the logdir
+guard lets an evaler or decoder of the other placement into the logdir when ``differences`` finds
+none. A trainer resumes only the placement that saved (its checkpoints hold the optimizer's slots by
+the variables' order, and the input position): the guard stops it in one line.
 """
 
 from __future__ import annotations
@@ -109,6 +112,27 @@ def match(task: tf.Module, saved: dict[str, str]) -> dict[str, tuple[tf.Variable
             f"left out: the task's {own or 'none'}, the checkpoint's {sorted(levels) or 'none'})"
         )
     return {name: (v, keys[name]) for name, v in wanted.items()}
+
+
+def differences(task: tf.Module, path: str) -> list[str]:
+    """What keeps the checkpoint at ``path`` from restoring into ``task`` by name: ``<name> added``
+    (the task has it, the checkpoint not), ``<name> removed``, ``<name> [shape] -> [shape]``, names
+    without the GPipe levels; [] when ``restore_by_name`` restores it."""
+    saved = saved_variables(path)
+    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    own = task_levels(task)
+    wanted = {drop_levels(name_of(v), own): v.shape.as_list() for v in task.variables}
+    levels = inferred_levels(saved, wanted)
+    have = {drop_levels(name, levels): list(shapes[key]) for name, key in saved.items()}
+    out = []
+    for name in sorted(set(have) | set(wanted)):
+        if name not in have:
+            out.append(f"{name} added")
+        elif name not in wanted:
+            out.append(f"{name} removed")
+        elif have[name] != wanted[name]:
+            out.append(f"{name} {have[name]} -> {wanted[name]}")
+    return out
 
 
 def restore_by_name(task: tf.Module, path: str) -> int:

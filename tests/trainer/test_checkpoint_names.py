@@ -12,17 +12,20 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from params import experiment
-from params.errors import UserError
-from trainer import checkpoint_names, checkpointer
+from params.errors import ConfigError, UserError
+from trainer import checkpoint_names, checkpointer, logdir_guard
 
 KNOBS = ["model_dim = 8", "hidden_dim = 16", "num_heads = 2", "batch_size = 4", "seq_length = 4"]
 
 
-def _task(*knobs: str) -> tf.Module:
+def _root(*knobs: str):
     gin.clear_config()
     bindings = [f"StageMeshTransformerLM.{k}" for k in KNOBS + list(knobs)]
-    root = experiment.resolve("lm.synthetic.StageMeshTransformerLM", gin_bindings=bindings)
-    return experiment.task_params_for(root, "dev").instantiate()
+    return experiment.resolve("lm.synthetic.StageMeshTransformerLM", gin_bindings=bindings)
+
+
+def _task(*knobs: str) -> tf.Module:
+    return experiment.task_params_for(_root(*knobs), "dev").instantiate()
 
 
 def _values(task: tf.Module) -> dict[str, np.ndarray]:
@@ -76,3 +79,17 @@ def test_a_checkpoint_of_another_model_is_one_line(tmp_path):
     with pytest.raises(UserError, match="^[^\n]*holds no variable named task.stack.layers_2") as e:
         checkpointer.restore_task(_task("num_stages = 0"), path)
     assert "the checkpoint's ['task.stack.pipeline']" in str(e.value)
+
+
+def test_the_logdir_guard_lets_an_evaler_of_the_other_placement_in_and_stops_a_trainer(tmp_path):
+    pipelined = _root("stage_mesh_size = 1")
+    (tmp_path / "params.txt").write_text(pipelined.to_text())
+    task = experiment.task_params_for(pipelined, "train").instantiate()
+    checkpointer.Checkpointer(str(tmp_path / "train"), 1, task=task).save(1)
+    plain = _root("num_stages = 0")
+    changes = logdir_guard.check(plain, str(tmp_path), trains=False, log=lambda _: None)
+    assert "+ task.stack.pipeline : None" in changes  # the pipeline gone: allowed
+    with pytest.raises(ConfigError, match="^[^\n]*a trainer resumes only the placement that saved it"):
+        logdir_guard.check(plain, str(tmp_path), trains=True, allow=True, log=lambda _: None)
+    with pytest.raises(ConfigError, match="variables differ from checkpoint"):  # not the same model
+        logdir_guard.check(_root("num_stages = 0", "num_layers = 2"), str(tmp_path), trains=False)
