@@ -31,6 +31,7 @@ from xml.sax.saxutils import escape
 import tensorflow as tf
 
 from layers.base_layer import layers_of_type
+from layers.parallel.mesh import DeviceMesh
 from layers.parallel.pipeline.gpipe import GPipeLayer
 from params import experiment
 from params.errors import ConfigError
@@ -38,6 +39,7 @@ from params.hyperparams import Params
 from trainer import files
 from trainer.distributed import mesh_placement
 from trainer.pipeline_views import picture
+from trainer.placement import OnDevice
 
 FILE_NAME = "placement.svg"
 
@@ -90,7 +92,7 @@ def build(root: Params) -> Grid:
     return grid_of(task, placement, str(root.model) if "model" in root else task_params.cls.__name__)
 
 
-def grid_of(task: tf.Module, placement: object, model: str) -> Grid:
+def grid_of(task: tf.Module, placement: OnDevice, model: str) -> Grid:
     """The grid of a built ``task`` under ``placement`` (module doc)."""
     variables = list(task.trainable_variables)
     slices = mesh_placement.weight_slices(variables)
@@ -265,7 +267,7 @@ def _device_of(pipe: GPipeLayer, device: int) -> str:
     return mesh_placement.device_name(named) if named else "default device"
 
 
-def _coordinates(mesh: object, axes: Sequence[str]) -> list[str]:
+def _coordinates(mesh: DeviceMesh, axes: Sequence[str]) -> list[str]:
     """Labels of every coordinate over ``axes`` (row-major, as DTensor orders a mesh's devices)."""
     labels = [""]
     for axis in axes:
