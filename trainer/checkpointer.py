@@ -26,7 +26,7 @@ import tensorflow as tf
 from google.protobuf import text_format as proto_text
 
 from params.errors import UserError
-from trainer import files, tf_compat
+from trainer import checkpoint_names, files, tf_compat
 
 CHECKPOINT_NAME = "ckpt"
 STATE_FILE = "checkpoint"
@@ -182,6 +182,10 @@ def _corrupt(path: str, error: Exception) -> UserError:
 def restore_task(task: tf.Module, path: str) -> None:
     """Restores the task's variables (only them) from a training checkpoint.
 
+    A checkpoint of the task placed otherwise (pipelined, the task not, or the other way round: a
+    GPipe level more or less in the variables' paths) restores by the variables' names
+    (``checkpoint_names``: the one mapping between placements).
+
     Raises CheckpointGoneError if the checkpoint no longer exists, UserError if it is unreadable or
     does not hold every variable of the task.
     """
@@ -189,7 +193,10 @@ def restore_task(task: tf.Module, path: str) -> None:
         raise CheckpointGoneError(path)
     try:
         status = tf.train.Checkpoint(task=task).read(path)
-        status.expect_partial().assert_existing_objects_matched()
+        try:
+            status.expect_partial().assert_existing_objects_matched()
+        except AssertionError:  # objects the checkpoint does not have: placed otherwise, or not there
+            checkpoint_names.restore_by_name(task, path)
     except Exception as e:  # noqa: BLE001 (a damaged file raises many types; all mean unreadable)
         if not exists(path):
             raise CheckpointGoneError(path) from None

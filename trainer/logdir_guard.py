@@ -26,7 +26,7 @@ import tensorflow as tf
 from params import experiment, text_tree
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import checkpointer, files
+from trainer import checkpoint_names, checkpointer, files
 
 FLAG = "--allow_params_change"
 CHANGES_FILE = "params_changes.txt"
@@ -57,7 +57,7 @@ def check(
     if not changes:
         return []
     if allow or old.get("model") == new.get("model"):  # else the refusal below names the experiment
-        _refuse_shape_changes(root, logdir)
+        _refuse_shape_changes(root, logdir, trains)
     problem = _problem(root, logdir, old, new, trains)
     if problem and not allow:
         raise ConfigError(
@@ -90,22 +90,39 @@ def _problem(root: Params, logdir: str, old: dict, new: dict, trains: bool) -> s
     return None
 
 
-def _refuse_shape_changes(root: Params, logdir: str) -> None:
-    """Other variable shapes than the latest checkpoint's: refused even with --allow_params_change,
-    before any restore. Every checkpoint of the logdir holds the old shapes, so none could be
-    restored into the new model (a restore would fail after the run had started)."""
+def _refuse_shape_changes(root: Params, logdir: str, trains: bool = True) -> None:
+    """ConfigError if the model's variables differ from the logdir's latest checkpoint's (added,
+    removed, reshaped), before any restore. Every checkpoint of the logdir holds the old shapes, so none
+    could be restored into the new model (a restore would fail after the run had started). Variables
+    that differ only by a GPipe level (the same experiment pipelined or not) restore by name into an
+    evaler or decoder (trainer/checkpoint_names.py); a trainer is stopped, in its own line."""
     listed = checkpointer.list_checkpoints(files.join(logdir, "train"))
     if not listed:
         return
     path = listed[-1][1]
-    shapes = _shape_changes(root, path)
-    if shapes:
-        more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
+    task = experiment.task_params_for(root, "train").instantiate()
+    shapes = _shape_changes(task, path)
+    if not shapes:
+        return
+    try:
+        placement_only = not checkpoint_names.differences(task, path)
+    except (tf.errors.OpError, ValueError):  # no object graph to read names from: by keys only
+        placement_only = False
+    if placement_only:
+        if not trains:
+            return
         raise ConfigError(
-            f"--logdir={logdir}: the model's variables differ from checkpoint {path}: "
-            f"{', '.join(shapes[:SHOWN])}{more}; no checkpoint of this logdir can be restored into "
-            f"this model, even with {FLAG}: train it in a new --logdir"
+            f"--logdir={logdir}: the model's variables sit under other paths than in checkpoint "
+            f"{path} (a GPipe level more or less: {shapes[0]}); evalers and decoders restore it by "
+            f"name, but a trainer resumes only the placement that saved it, even with {FLAG}: train "
+            "it in a new --logdir"
         )
+    more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
+    raise ConfigError(
+        f"--logdir={logdir}: the model's variables differ from checkpoint {path}: "
+        f"{', '.join(shapes[:SHOWN])}{more}; no checkpoint of this logdir can be restored into "
+        f"this model, even with {FLAG}: train it in a new --logdir"
+    )
 
 
 def task_variables(path: str) -> dict[str, tuple[int, ...]]:
@@ -121,12 +138,12 @@ def task_variables(path: str) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _shape_changes(root: Params, checkpoint_path: str) -> list[str]:
-    """Task variables added, removed or reshaped between the checkpoint and the new task."""
+def _shape_changes(task: tf.Module, checkpoint_path: str) -> list[str]:
+    """Task variables added, removed or reshaped between the checkpoint and the new task (by their
+    checkpoint keys: the paths a trainer's restore matches)."""
     saved = task_variables(checkpoint_path)
     if not saved:
         return []
-    task = experiment.task_params_for(root, "train").instantiate()
     with tempfile.TemporaryDirectory(prefix="logdir_guard-") as tmp:
         written = tf.train.Checkpoint(task=task).write(f"{tmp}/task")
         fresh = task_variables(written)

@@ -23,7 +23,17 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import InstantiableParams, Params  # noqa: E402
 from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
-MODES = ("train", "sync", "async", "mesh", "stages", "inspect_params", "inspect_datasets", "profile_pipeline")
+MODES = (
+    "train",
+    "sync",
+    "async",
+    "mesh",
+    "stages",
+    "inspect_params",
+    "inspect_datasets",
+    "inspect_placement",
+    "profile_pipeline",
+)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -57,6 +67,9 @@ flags.DEFINE_enum(
     "process's job, as task --task_index of --cluster_spec, until stopped (docs/parallelism/remote.md). "
     "inspect_params: print "
     "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
+    "inspect_placement: build the model as training would place it (GPipe stages, a mesh, stage "
+    "meshes), train nothing, print its device grid (each device's layers and weight bytes) and write "
+    "it to <logdir>/placement.svg. "
     "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
     "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
 )
@@ -205,6 +218,10 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             f"--logdir is required by --mode={FLAGS.mode} (a local path or a tf.io.gfile URI){hint}"
         )
+    if FLAGS.mode == "inspect_placement":
+        from trainer.pipeline_views import placement_grid
+
+        return placement_grid.run(root, FLAGS.logdir, log=print)
     if FLAGS.mode == "profile_pipeline":
         from trainer.pipeline_views import profiling
 

@@ -14,6 +14,10 @@ changes one, so the fix is made here, not found as a traceback in a training run
 - ``tensorflow.python.training.checkpoint_state_pb2.CheckpointState``: the ``checkpoint`` state file's
   proto, parsed strictly so that a damaged file is reported instead of read as "nothing saved"
   (``tf.train.get_checkpoint_state`` swallows the parse error).
+- ``tensorflow.core.protobuf.trackable_object_graph_pb2.TrackableObjectGraph``: a checkpoint's object
+  graph (its ``_CHECKPOINTABLE_OBJECT_GRAPH`` entry), read for each variable's name beside its key, so
+  that a checkpoint restores by name into a task placed otherwise (trainer/checkpoint_names.py: a
+  GPipe level more or less); ``tf.train`` reads the entry's bytes but has no parser for them.
 - ``tensorflow.tsl.profiler.protobuf.xplane_pb2.XSpace``: the profiler's trace files (``*.xplane.pb``),
   read for measured per-device timelines and memory; ``tf.profiler`` writes them but has no reader.
 - ``tensorflow.python.eager.context``'s ``context().function_call_options`` and ``FunctionCallOptions``:
@@ -69,6 +73,13 @@ def checkpoint_state_class() -> type:
     from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
 
     return CheckpointState
+
+
+def checkpoint_object_graph(data: bytes) -> Any:
+    """A checkpoint's ``_CHECKPOINTABLE_OBJECT_GRAPH`` entry as its ``TrackableObjectGraph`` proto."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    return trackable_object_graph_pb2.TrackableObjectGraph.FromString(data)
 
 
 def xspace_from_bytes(data: bytes) -> Any:
@@ -212,6 +223,11 @@ def problems() -> list[str]:
             fail("CheckpointState", "other fields")
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         fail("checkpoint_state_pb2.CheckpointState", e)
+    try:
+        if list(checkpoint_object_graph(b"").nodes) != []:
+            fail("trackable_object_graph_pb2.TrackableObjectGraph", "an empty graph has nodes")
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        fail("trackable_object_graph_pb2.TrackableObjectGraph", e)
     try:
         if list(xspace_from_bytes(b"").planes) != []:
             fail("xplane_pb2.XSpace", "an empty file has planes")

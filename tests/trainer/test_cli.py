@@ -89,3 +89,16 @@ def test_model_imports_nothing_outside_the_experiment_packages(tmp_path, model):
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     package = model.split(".")[0]
     assert f"unknown model {model!r}" in line and f"--experiment_packages={package}" in line
+
+
+def test_mode_help_describes_every_mode():
+    """Each of MODES is described in --mode's help (in a process of its own: the binary's flags)."""
+    code = (  # absl puts <mode|mode|...>: before the help; each mode is described as 'mode:'
+        "import re; from trainer import main; h = main.FLAGS['mode'].help.split('>: ', 1)[1]; "
+        "print([m for m in main.MODES if not re.search(rf'(?<![\\w/]){m}( / \\w+)?:', h)])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

@@ -20,7 +20,7 @@ state (on a CPU mesh the same memory; on accelerators host RAM, not device memor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import tensorflow as tf
@@ -31,7 +31,7 @@ from layers.parallel.pipeline.gpipe import GPipeLayer, clear_stage_meshes, gpipe
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import tf_compat, tracing
+from trainer import checkpoint_names, tf_compat, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.placement import OnDevice, StepOutputs
 from trainer.train_step import TrainStep
@@ -93,6 +93,41 @@ def make_train_step(cluster: Params, task_params: Params, input_params: Params) 
 def MeshTrainStep(mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> TrainStep:  # noqa: N802
     """The ``TrainStep`` over a DTensor mesh (the name of what was once a class of its own)."""
     return TrainStep(task_params, input_params, MeshPlacement(mesh))
+
+
+def device_name(device: str) -> str:
+    """A device's name as the trainer prints it: ``CPU:0`` for ``/job:localhost/.../device:CPU:0``."""
+    return device.split("device:")[-1]
+
+
+def device_order(name: str) -> tuple[str, int]:
+    """A sort key putting ``CPU:2`` before ``CPU:10``."""
+    kind, _, index = name.rpartition(":")
+    return (kind, int(index)) if index.isdigit() else (name, -1)
+
+
+def variable_bytes(v: tf.Variable) -> int:
+    """The bytes of a variable's whole (unsharded) value."""
+    return v.shape.num_elements() * v.dtype.size
+
+
+def weight_slices(variables: Iterable[tf.Variable]) -> dict[str, dict[str, int]]:
+    """Per device (``device_name``): the bytes of each variable's part it holds, by variable name: a
+    DVariable's local component on that device (a replicated one: a whole copy on each), a regular
+    variable's whole value on its device. The weight estimate of the stage-mesh start line and of
+    ``--mode=inspect_placement`` (optimizer slots and activations not counted)."""
+    held: dict[str, dict[str, int]] = {}
+    for v in variables:
+        if isinstance(v, dtensor.DVariable):
+            parts = [
+                (p.device, p.shape.num_elements() * p.dtype.size) for p in dtensor.unpack(v.read_value())
+            ]
+        else:
+            parts = [(v.device, variable_bytes(v))]
+        for device, n in parts:
+            per_variable = held.setdefault(device_name(device), {})
+            per_variable[v.name] = per_variable.get(v.name, 0) + n
+    return held
 
 
 class MeshPlacement(OnDevice):
@@ -213,11 +248,7 @@ class MeshPlacement(OnDevice):
     def load_host(self, step: TrainStep) -> None:
         """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
         for dvar, host in self._pairs(step):
-            layout = dtensor.fetch_layout(dvar)
-            value = dtensor.copy_to_mesh(
-                host.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
-            )
-            dvar.assign(dtensor.relayout(value, layout))
+            checkpoint_names.assign_whole(dvar, host.read_value())
 
 
 class StageMeshPlacement(MeshPlacement):
@@ -267,13 +298,12 @@ class StageMeshPlacement(MeshPlacement):
         the pipeline inputs a stage keeps for its backward (one per micro-batch in flight, at most
         all of them under fill-drain), replicated on each of its devices. Not counted: optimizer
         slots (Adam: twice the weights), activations inside a stage (recomputed in its backward)."""
-        held: dict[str, int] = {}
-        for v in step.task.trainable_variables:
-            for part in dtensor.unpack(v.read_value()):
-                held[part.device] = held.get(part.device, 0) + part.shape.num_elements() * part.dtype.size
-        whole = sum(v.shape.num_elements() * v.dtype.size for v in step.task.trainable_variables)
+        slices = weight_slices(step.task.trainable_variables)
+        whole = sum(variable_bytes(v) for v in step.task.trainable_variables)
         m_count, micro = self.pipeline.micro_batch_input_bytes or (0, 0)
-        devices = " ".join(f"{d.split('device:')[-1]}={n / 1e3:.1f}K" for d, n in sorted(held.items()))
+        devices = " ".join(
+            f"{d}={sum(slices[d].values()) / 1e3:.1f}K" for d in sorted(slices, key=device_order)
+        )
         return (
             f"trainer: pipeline {self.pipeline.num_stages} x mesh {self.home.describe()}: weight bytes per "
             f"device {devices} (unsharded model {whole / 1e3:.1f}K; optimizer slots not counted); "

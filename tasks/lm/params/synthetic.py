@@ -237,8 +237,8 @@ class StageMeshTransformerLM(TransformerLM):
     stage meshes). Overrides choose the combination with the same variables: ``stage_mesh_size = 1``
     pipelined on plain devices, ``num_stages = 0`` the plain stack. Training runs through the trainer's
     stage-mesh placement; evaluation and decoding are not supported on stage meshes yet (train with
-    ``--job=trainer``; the checkpoints are the plain format, so a ``num_stages = 0`` evaler reads them
-    once the names of the stack's layers match: see docs/parallelism/compose.md).
+    ``--job=trainer``; the checkpoints are the plain format, and a ``num_stages = 0`` evaler or
+    decoder restores them by the variables' names: see docs/parallelism/compose.md).
     """
 
     def __init__(

@@ -98,3 +98,12 @@ def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
     restored = {_key(v): v.numpy() for v in single.trainable_variables}
     assert sorted(restored) == sorted(want)
     assert max(float(np.max(np.abs(restored[k] - want[k]))) for k in want) <= TOL
+
+    # ... and into the unpipelined model (num_stages = 0: no pipeline level in its paths), matched by
+    # the variables' names (trainer/checkpoint_names.py).
+    unpipelined = experiment.task_params_for(_root("num_stages = 0"), "dev").instantiate()
+    assert not any("pipeline" in v.name for v in unpipelined.variables)
+    checkpointer.restore_task(unpipelined, path)
+    restored = {_key(v): v.numpy() for v in unpipelined.trainable_variables}
+    assert sorted(restored) == sorted(want)
+    assert max(float(np.max(np.abs(restored[k] - want[k]))) for k in want) <= TOL
