@@ -27,6 +27,7 @@ from params import experiment
 from params.errors import ConfigError
 from params.hyperparams import Params
 from trainer import checkpointer, files
+from trainer.distributed.mesh_placement import without_stage_meshes
 from trainer.progress import print_line
 from trainer.summaries import SummaryWriter
 
@@ -90,7 +91,9 @@ class CheckpointJob:
         self.train_dir = files.join(logdir, "train")
         self.directory = files.join(logdir, self.name)
         self._log = log
-        self.task_params = experiment.task_params_for(root, dataset)
+        # A stage-mesh model is evaluated with its stages on plain devices (its host mirror, the
+        # variables its checkpoints hold): DTensor refuses a restore across its stages' meshes.
+        self.task_params = without_stage_meshes(experiment.task_params_for(root, dataset))
         self.max_steps = int(self.task_params.train.max_steps)
         self.mode = self.task_params.eval.checkpoints
         if self.mode not in CHECKPOINT_CHOICES:

@@ -13,6 +13,7 @@ from tensorflow.experimental import dtensor
 from params import experiment
 from tools import export
 from trainer import checkpointer
+from trainer.evaler_job import Evaler
 from trainer.distributed import mesh_placement
 
 STEPS, TOL = 20, 1e-5
@@ -107,3 +108,14 @@ def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
     restored = {_key(v): v.numpy() for v in unpipelined.trainable_variables}
     assert sorted(restored) == sorted(want)
     assert max(float(np.max(np.abs(restored[k] - want[k]))) for k in want) <= TOL
+
+    # An evaler of the stage-mesh experiment scores it with its stages on plain devices (DTensor
+    # refuses a restore across the stages' meshes), its loss the plain model's on the same batches.
+    lines = []
+    staged_eval = Evaler(_root(), str(tmp_path), "dev", log=lines.append)
+    plain_eval = Evaler(_root("num_stages = 0"), str(tmp_path / "plain"), "dev", log=lines.append)
+    assert not mesh_placement.staged_pipelines(staged_eval.task_params)
+    assert staged_eval.run_pending() == 1, lines
+    plain_eval.shared.restore(plain_eval.task, path)
+    scores = staged_eval.process(STEPS), plain_eval.process(STEPS)
+    assert abs(scores[0]["loss"] - scores[1]["loss"]) <= TOL, scores
