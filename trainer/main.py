@@ -289,6 +289,8 @@ def run() -> None:
     tf_startup.import_tensorflow()
 
     def _main(argv: list[str]) -> None:
+        # From here on the flags are parsed: a signal's line says whether a checkpoint was saved yet.
+        signals.install_for_binary("trainer", note=_checkpoint_note)
         try:
             sys.exit(main(argv))
         except UserError as e:

@@ -63,21 +63,29 @@ def binary_name() -> str:
     return module.rsplit(".", 1)[-1].removesuffix(".py")
 
 
-def install_for_binary(name: str | None = None, note: str = "") -> None:
+def install_for_binary(name: str | None = None, note: str | Callable[[], str] = "") -> None:
     """A binary's first instruction: SIGTERM and SIGINT give the binary's one line and exit 143 / 130
-    from here on, wherever they arrive (see the module doc). ``note`` ends both lines."""
+    from here on, wherever they arrive (see the module doc). ``note`` ends both lines: a string, or a
+    function asked when the signal arrives (the trainer's says whether a checkpoint was saved yet;
+    if it fails the line ends without it). Installing again replaces the handlers."""
     if threading.current_thread() is not threading.main_thread():
         return
     name = name or binary_name()
-    lines = {signum: f"{name}: {WORDS[signum]}{note}" for signum in WORDS}
     stderr = os.dup(2)  # the terminal's stderr, even while tf_startup points fd 2 at /dev/null
+
+    def line(signum: int) -> str:
+        try:
+            ending = note() if callable(note) else note
+        except Exception:  # noqa: BLE001 (the note must never hide the interruption)
+            ending = ""
+        return f"{name}: {WORDS[signum]}{ending}"
 
     def exit_with_line(signum: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         with contextlib.suppress(OSError):
-            os.write(stderr, (lines[signum] + "\n").encode(errors="backslashreplace"))
+            os.write(stderr, (line(signum) + "\n").encode(errors="backslashreplace"))
         os._exit(exit_code(signum))
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -86,7 +94,7 @@ def install_for_binary(name: str | None = None, note: str = "") -> None:
             exit_with_line(signum)  # an exception here would end in a traceback from the import
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        raise Terminated(lines[signum].split(": ", 1)[1])
+        raise Terminated(line(signum).split(": ", 1)[1])
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
         if issubclass(kind, (Terminated, KeyboardInterrupt)):

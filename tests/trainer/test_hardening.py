@@ -272,6 +272,31 @@ def test_a_signal_that_comes_back_as_another_error_is_still_one_line(signum, cod
     assert (result.returncode, result.stderr.splitlines()) == (code, [f"demo: {words}"]), result.stderr
 
 
+_NOTE_ASKED_AT_THE_SIGNAL = """
+import os, signal, sys
+from trainer import signals
+state = {"saved": "none yet"}
+signals.install_for_binary("demo", note=lambda: f"; saved: {state['saved']}")
+state["saved"] = "ckpt-7"  # what the note says is read when the signal comes, not at install
+sys.path.insert(0, sys.argv[2])
+import slow_module  # the signal arrives inside this import: the fast path, a line and os._exit
+"""
+
+
+@pytest.mark.parametrize("signum, code, words", _SIGNALS, ids=["SIGTERM", "SIGINT"])
+def test_the_note_is_asked_when_the_signal_arrives(tmp_path, signum, code, words):
+    """The trainer's line says whether a checkpoint was saved yet (it said "the last saved checkpoint
+    is intact" for a run interrupted while its step was traced, before any save)."""
+    (tmp_path / "slow_module.py").write_text(
+        f"import os\nos.kill(os.getpid(), {int(signum)})\nimport time\ntime.sleep(30)\n"
+    )
+    command = [sys.executable, "-c", _NOTE_ASKED_AT_THE_SIGNAL, str(int(signum)), str(tmp_path)]
+    result = subprocess.run(command, cwd=runner.REPO, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr.splitlines()) == (code, [f"demo: {words}; saved: ckpt-7"]), (
+        result.stderr
+    )
+
+
 @pytest.mark.parametrize("signum, code, words", _SIGNALS, ids=["SIGTERM", "SIGINT"])
 def test_local_cluster_forwards_a_signal_and_says_so_once(tmp_path, signum, code, words):
     """Its own stderr is one line; each process's line comes on stdout with the process's prefix."""
