@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 
 from params import lingvo_experiment, overrides, registry, text_format
-from params.errors import ConfigError
+from params.errors import ConfigError, UserError
 from params.hyperparams import Params, clip, coerce_value
 
 
@@ -149,8 +149,10 @@ def resolve(
     overrides.apply_gin(gin_files, gin_bindings, allow_code=gin_allow_code)
     try:
         experiment = cls()
+    except UserError as e:  # a knob's value refused by the experiment (a missing vocabulary file)
+        raise (ConfigError if isinstance(e, ConfigError) else UserError)(_without_gin_note(e)) from None
     except TypeError as e:
-        raise ConfigError(f"cannot build experiment {model!r}: {e}") from None
+        raise ConfigError(f"cannot build experiment {model!r}: {_without_gin_note(e)}") from None
     root = build_params(experiment, model)
     if params_file_override:
         overrides.apply_params_file(root, params_file_override)
@@ -158,6 +160,12 @@ def resolve(
         overrides.apply_params_text(root, params_override, source="--params_override")
     validate(root)
     return root.freeze()
+
+
+def _without_gin_note(error: Exception) -> str:
+    """The error's message without the lines gin appends to an error raised inside a configurable
+    ("  In call to configurable 'X' (<class ...>)"): a binary prints one line."""
+    return str(error).split("\n  In call to configurable", 1)[0]
 
 
 def validate(root: Params) -> None:

@@ -87,3 +87,16 @@ def test_bad_overrides_are_one_line_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message) as e:
         experiment.resolve(MODEL, **kwargs)
     assert "\n" not in str(e.value)
+
+
+def test_an_error_the_experiment_raises_for_a_knob_is_one_line(tmp_path):
+    """Raised inside gin's configurable (the experiment's constructor), an error came out with gin's
+    "In call to configurable" line appended: two lines from the binary."""
+    from params.errors import UserError
+
+    missing = tmp_path / "no_such.model"
+    with pytest.raises(UserError, match="does not exist") as e:
+        experiment.resolve(
+            "lm.text.TextTransformerLM", gin_bindings=[f"TextTransformerLM.vocab_file = '{missing}'"]
+        )
+    assert "\n" not in str(e.value) and type(e.value) is UserError
