@@ -12,7 +12,7 @@ zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ..
 about).
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
-five pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator). The timed
+six pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator). The timed
 steps run in alternating rounds (one step of every side per round), so all see the same load; a
 side's best step counts (load only ever adds time).
 
