@@ -62,13 +62,17 @@ def test_figures_from_measured_costs_have_the_issue_fields():
     for depth in chunks:
         for step, seconds in zip(schedules_benchmark.COST_STEPS, (0.001, 0.002, 0.003)):
             times[f"cost_{depth}_{step}"] = {"best": seconds * depth, "median": seconds * depth}
-    peaks = {name: {"peak_bytes": 3000, "resident_bytes": 1000} for name, _ in schedules_benchmark.SCHEDULES}
+    peaks = {
+        name: {"peak_bytes": 3000, "resident_bytes": 1000, "held_bytes": [2500, 1900, 2000]}
+        for name, _ in schedules_benchmark.SCHEDULES
+    }
     measured = {"times": times, "peaks": peaks, "chunks": chunks}
     lines = schedules_benchmark.figures(args, measured)
     assert [f["schedule"] for f in lines] == [name for name, _ in schedules_benchmark.SCHEDULES]
     for f in lines:
         assert FIELDS <= set(f) and f["name"] == "schedule"
-        assert f["peak_activation_bytes"] == 2000
+        assert f["peak_activation_bytes"] == 2000  # the median step's
+        assert f["peak_activation_bytes_per_step"] == [2500, 1900, 2000]
     interleaved = next(f for f in lines if f["schedule"] == "interleaved_1f1b")
     assert interleaved["virtual_stages"] == 2
 

@@ -28,7 +28,7 @@ def test_prints_both_schedules_and_writes_pngs(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
-    names = ["fill_drain", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_h2"]
+    names = ["fill_drain", "one_f_one_b", "one_f_one_b_split", "interleaved_1f1b", "zb_h1", "zb_h2"]
     assert [line["schedule"] for line in lines] == names
     assert lines[0]["peak_in_flight"] == [32] * 8
     assert lines[1]["peak_in_flight"] == [8, 7, 6, 5, 4, 3, 2, 1]

@@ -5,13 +5,14 @@ relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 devices (one 
 intra-op thread, 2 inter-op threads, 2 logical CPU devices), M=8 micro-batches (``--quick``: 4),
 remat never, the squared error computed per micro-batch in the last stage (a head, as the tasks do),
 trained by SGD.
-Per schedule (fill_drain, one_f_one_b, interleaved_1f1b with virtual_stages=2, zb_h1, zb_h2) one
-JSON line ``{"name": "schedule", "schedule": ..., "step_s": ..., "predicted_step_s": ...,
-"peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}`` (``value``: the step's
-relative prediction error; ``*_over_one_f_one_b``: the ratios the targets are about).
+Per schedule (fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b with virtual_stages=2,
+zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ...,
+"predicted_step_s": ..., "peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}``
+(``value``: the step's relative prediction error; ``*_over_one_f_one_b``: the ratios the targets are
+about).
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
-five pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator). The timed
+six pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator). The timed
 steps run in alternating rounds (one step of every side per round), so all see the same load; a
 side's best step counts (load only ever adds time).
 
@@ -26,13 +27,16 @@ side's best step counts (load only ever adds time).
   square is noise next to the matrix products). ``alone_speedup`` (a lone stage in the fill or
   drain uses the idle core too) is the widest chunk's F + B step on one core over the same step on
   the pipeline's two cores and threads. Hand-offs cost nothing (logical devices share memory).
-- ``peak_activation_bytes``: the step's peak over what the process holds between steps, both from
+- ``peak_activation_bytes``: a step's peak over what the process holds between steps, both from
   ``tf.config.experimental.get_memory_info("CPU:0")`` under ``TF_CPU_ALLOCATOR_USE_BFC=true``: the
   allocator's peak during one step (stats reset before it) minus its ``current`` bytes just before
-  (weights, inputs, targets). TensorFlow's logical CPU devices share one allocator and report the
-  same numbers for every device, so this is the whole process, both devices together; it includes
-  the weight-gradient sums (the weights' size once the first backward of a stage has run) and the
-  ops' temporaries, not only the activations.
+  (weights, inputs, targets); the median over ``--peak_steps`` (5) steps of each schedule, run in
+  rounds (every schedule's step in turn), since one step's peak moves by up to 2 MB with the order
+  the two devices' threads run their ops in (``peak_activation_bytes_per_step``: each step's).
+  TensorFlow's logical CPU devices share one allocator and report the same numbers for every device,
+  so this is the whole process, both devices together; it includes the weight-gradient sums (the
+  weights' size once the first backward of a stage has run) and the ops' temporaries, not only the
+  activations.
 - ``predicted_peak_activation_bytes``: the simulated step (above), every (stage, micro-batch)
   weighing what its forward keeps for the backward (``held_bytes``: the stage's input and each
   layer's output) from its forward's start to the end of its last backward unit (B or W); under the
@@ -42,7 +46,9 @@ side's best step counts (load only ever adds time).
   held at one instant, summed over both devices (as measured). ``predicted_peak_per_device_bytes``:
   each device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
   device, 1F1B K - d on device d; since W defers only as much as the forward kept, ZB-H1's largest
-  per-device peak is 1F1B's, while both devices together hold more).
+  per-device peak is 1F1B's, while both devices together hold more; one_f_one_b_split holds 1F1B's
+  K - d on device d, and after I a micro-batch weighs no more than after its forward, so both
+  devices together hold no more than under 1F1B).
 """
 
 from __future__ import annotations
@@ -57,15 +63,19 @@ from tools.benchmarks import gpipe, harness
 
 NUM_DEVICES, NUM_MICRO_BATCHES = 2, 8
 QUICK_MICRO_BATCHES = 4  # --quick: every schedule still has a steady phase at K=2, in half the graph
-# (schedule, virtual_stages): the issue's five.
+# (schedule, virtual_stages): the issue's five, and 1F1B with each B split into I then W at once.
 SCHEDULES = (
     ("fill_drain", 1),
     ("one_f_one_b", 1),
+    ("one_f_one_b_split", 1),
     ("interleaved_1f1b", 2),
     ("zb_h1", 1),
     ("zb_h2", 1),
 )
 COST_STEPS = ("forward", "input", "gradients")
+# A step's allocator peak depends on the order the two devices' threads run their ops in (up to 2 MB
+# here from one step to the next): the median of this many steps' peaks counts, for every schedule.
+PEAK_STEPS = 5
 TARGET_ERROR = 0.15
 
 
@@ -136,10 +146,16 @@ def run_worker(spec: dict) -> int:
         for _ in range(1 + spec["warmup"]):
             step().numpy()
     if spec["measure"] == "memory":
+        held: dict[str, list[int]] = {name: [] for name in steps}
         out: dict[str, Any] = {}
-        for name, step in steps.items():
-            resident = tf.config.experimental.get_memory_info("CPU:0")["current"]
-            out[name] = {"peak_bytes": harness.allocator_peak(step), "resident_bytes": int(resident)}
+        for _ in range(spec["peak_steps"]):  # rounds: every schedule's step in turn
+            for name, step in steps.items():
+                resident = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+                peak = harness.allocator_peak(step)
+                held[name].append(peak - resident)
+                out[name] = {"peak_bytes": peak, "resident_bytes": resident}
+        for name, peaks in held.items():
+            out[name]["held_bytes"] = peaks
         print(json.dumps(out), flush=True)
         return 0
     print(json.dumps({"ready": True}), flush=True)
@@ -161,10 +177,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4096, help="Global batch (M=8 micro-batches of it).")
     parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
     harness.add_run_flags(parser, steps=5, warmup=1)
+    parser.add_argument(
+        "--peak_steps",
+        type=int,
+        default=PEAK_STEPS,
+        help="Steps whose allocator peak is read per schedule (in rounds); the median counts.",
+    )
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch, args.steps, args.warmup = 16, 4, 32, 1, 0
+        args.peak_steps = 1
     args.micro_batches = QUICK_MICRO_BATCHES if args.quick else NUM_MICRO_BATCHES
     if args.depth % (2 * NUM_DEVICES):
         parser.error(f"--depth must be a multiple of {2 * NUM_DEVICES} (K=2 devices x virtual_stages=2)")
@@ -222,6 +245,7 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     }  # fmt: skip
     memory = {
         **pipelines, "measure": "memory", "warmup": max(1, args.warmup), "batch": args.batch,
+        "peak_steps": args.peak_steps,
     }  # fmt: skip
     memory.pop("alone")
     if args.verbose:
@@ -304,7 +328,7 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
         )
         prediction = simulator.simulate(name, m, "never", costs, virtual_stages=v)
         step = times[name]["best"]
-        peak = peaks[name]["peak_bytes"] - peaks[name]["resident_bytes"]
+        peak = statistics.median(peaks[name]["held_bytes"])
         held = held_bytes(depth, args.batch // m, args.width)
         weights = (
             [float(held)] * stages,
@@ -336,6 +360,7 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
                 "held_bytes_input_to_weight": int(weights[1][0]),
                 "gradient_sums_bytes_per_stage": int(weights[2][0]),
                 "predicted_peak_per_device_bytes": [int(b) for b in per_device],
+                "peak_activation_bytes_per_step": [int(b) for b in peaks[name]["held_bytes"]],
                 "allocator_peak_bytes": int(peaks[name]["peak_bytes"]),
                 "resident_bytes": int(peaks[name]["resident_bytes"]),
                 "target_error": TARGET_ERROR,

@@ -4,14 +4,15 @@ Schedule. ``fprop`` splits the mini-batch into M micro-batches and emits the sta
 caller's ``tf.function``, unrolled (a ``tf.while_loop`` pipeline ran plain Eigen kernels instead of
 oneDNN ones, 4x slower), with stage s's ops placed on its device, so TensorFlow's executor overlaps
 the devices (tests/layers/parallel/pipeline/test_gpipe_proofs.py checks the placement of every stage
-op and the overlap in a profiled step). ``params.schedule`` names a ``schedule.Schedule`` (fill_drain,
-one_f_one_b, interleaved_1f1b with ``virtual_stages``, zb_h1, zb_h2; docs/parallelism/schedules.md),
-and ``executor.PipelineExecutor`` builds its units in the schedule's order: this layer keeps
-no order of its own. Every schedule gives the same gradients. All but fill_drain run a device's
-forwards after its backwards, which needs each micro-batch's output gradient when its backward is
-built: the loss is computed per micro-batch in the last stage (a ``head``) and summed (times one
-constant) by the caller, as the tasks do; anything else is refused with a ConfigError (no head) or
-fails the step with one clear error (a loss that is not a constant times the sum).
+op and the overlap in a profiled step). ``params.schedule`` names a ``schedule.Schedule``
+(fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b with ``virtual_stages``, zb_h1, zb_h2;
+docs/parallelism/schedules.md), and ``executor.PipelineExecutor`` builds its units in the schedule's
+order: this layer keeps no order of its own. Every schedule gives the same gradients. All but
+fill_drain run a device's forwards after its backwards, which needs each micro-batch's output
+gradient when its backward is built: the loss is computed per micro-batch in the last stage (a
+``head``) and summed (times one constant) by the caller, as the tasks do; anything else is refused
+with a ConfigError (no head) or fails the step with one clear error (a loss that is not a constant
+times the sum).
 
 A ``head`` (``fprop(ctx, x, head=...)``) runs in the last stage on each micro-batch's output with its
 share of ``head_inputs``: the tasks compute their per-example loss there. The micro-batch split's
@@ -135,7 +136,9 @@ class GPipeLayer(BaseLayer):
             "(docs/parallelism/schedules.md): fill_drain (GPipe: every forward, then every backward; a "
             "stage holds all M micro-batches), "
             "one_f_one_b (1F1B: after K - k forwards stage k alternates one backward and one forward, "
-            "holding at most K - k), interleaved_1f1b (1F1B over virtual_stages chunks per device; "
+            "holding at most K - k), one_f_one_b_split (1F1B with each backward split into input and "
+            "weight gradients, run at once: the gradient leaves after the input half; 1F1B's memory, "
+            "(K - 1) T_W less idle), interleaved_1f1b (1F1B over virtual_stages chunks per device; "
             "bubble / v; M a multiple of K), zb_h1 or zb_h2 (zero bubble: the backward split into input "
             "and weight gradients, the weight halves filling the bubble; H1 at 1F1B's peak memory, H2 "
             "up to 2K - 1 micro-batches). All but fill_drain need the loss computed per micro-batch in "

@@ -13,6 +13,9 @@ Families (``SCHEDULES``):
 - ``fill_drain`` (GPipe): every forward, then every backward from the last micro-batch to the first.
 - ``one_f_one_b`` (1F1B, PipeDream-flush): device d runs K - d forwards, then alternates B and F.
 - ``interleaved_1f1b`` (Megatron-LM): 1F1B over v virtual stages per device, M a multiple of K.
+- ``one_f_one_b_split``: 1F1B's order with each B split into I and W, W right after its I: the
+  gradient leaves for the previous stage after I, so the drain passes only I's back (idle
+  (K - 1)(T_F + T_I) per device, 1F1B's less (K - 1) T_W), and every device holds 1F1B's K - d.
 - ``zb_h1`` / ``zb_h2`` (zero bubble): B split into I and W; after 1F1B's warm-up each device runs
   an I as soon as its gradient arrives, else a forward while it holds fewer than K (H1: 1F1B's peak)
   or 2K - 1 (H2) micro-batches, else a pending W that fills the bubble. Generated once in unit time,
@@ -40,8 +43,8 @@ KINDS = (FORWARD, RECOMPUTE, BACKWARD)
 ALL_KINDS = (FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 GRADIENT_KINDS = (BACKWARD, BACKWARD_INPUT)  # the units that hand a gradient to the previous stage
 CLASSIC = ("fill_drain", "one_f_one_b")
-SCHEDULES = ("fill_drain", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_h2")
-SPLIT_BACKWARD = ("zb_h1", "zb_h2")
+SCHEDULES = ("fill_drain", "one_f_one_b", "one_f_one_b_split", "interleaved_1f1b", "zb_h1", "zb_h2")
+SPLIT_BACKWARD = ("one_f_one_b_split", "zb_h1", "zb_h2")
 REMAT_POLICIES = ("always", "except_last", "never")
 UNIT_COSTS = {FORWARD: 1.0, RECOMPUTE: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
 
@@ -143,6 +146,8 @@ def build(
         orders = [_one_f_one_b(d, k, m) for d in range(k)]
     elif schedule == "interleaved_1f1b":
         orders = [_interleaved(d, k, m, v) for d in range(k)]
+    elif schedule == "one_f_one_b_split":
+        orders = [_split(_one_f_one_b(d, k, m)) for d in range(k)]
     else:
         orders = _zero_bubble(k, m, h2=schedule == "zb_h2")
     remat_of = remat_micro_batches(remat, m)
@@ -182,6 +187,20 @@ def _one_f_one_b(d: int, k: int, m: int) -> list[Op]:
         if warmup + b < m:
             ops.append(Op(d, warmup + b, FORWARD))
     return ops
+
+
+def _split(order: Sequence[Op]) -> list[Op]:
+    """``order`` with each full backward B replaced by I then W (the same work, in two units)."""
+    out = []
+    for op in order:
+        if op.kind == BACKWARD:
+            out += [
+                Op(op.stage, op.micro_batch, BACKWARD_INPUT),
+                Op(op.stage, op.micro_batch, BACKWARD_WEIGHT),
+            ]
+        else:
+            out.append(op)
+    return out
 
 
 def _interleaved(d: int, k: int, m: int, v: int) -> list[Op]:
@@ -522,6 +541,16 @@ def zb_h1_bubble_time(
 ) -> float:
     """ZB-H1's idle time per device: (K - 1)(T_F + T_B - T_W) (Qi et al., 2023)."""
     return (num_stages - 1) * (forward + backward_input - backward_weight)
+
+
+def one_f_one_b_split_bubble_time(num_stages: int, forward: float, backward_input: float) -> float:
+    """``one_f_one_b_split``'s idle time per device: (K - 1)(T_F + T_I), 1F1B's (K - 1)(T_F + T_I +
+    T_W) less (K - 1) T_W. Derived here (the simulator checks it): the last device runs F, I, W back
+    to back, M (T_F + T_I + T_W) after the fill's K - 1 forwards; its last I's gradient then passes
+    K - 1 input gradients back (1F1B passes K - 1 whole backwards), and the first device's last W
+    ends the step. ZB-H1, holding K micro-batches on every device, saves (K - 1) T_W more by moving
+    W into the bubbles."""
+    return (num_stages - 1) * (forward + backward_input)
 
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:

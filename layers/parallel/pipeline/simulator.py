@@ -155,7 +155,8 @@ class Prediction:
             "bubble": self.bubble,
             "virtual_stages": self.virtual_stages,
             # (K - 1) / (v M + K - 1) at equal stage costs; the zero-bubble schedules' depends on the
-            # costs ((K - 1)(T_F + T_B - T_W) idle per device for ZB-H1): None.
+            # costs ((K - 1)(T_F + T_B - T_W) idle per device for ZB-H1; (K - 1)(T_F + T_B) for
+            # one_f_one_b_split; T_B the input half): None.
             "theoretical_bubble": None
             if self.schedule in schedules.SPLIT_BACKWARD
             else schedules.theoretical_bubble(self.num_stages, self.num_micro_batches, self.virtual_stages),

@@ -60,7 +60,14 @@ def _gradients(pipe: gpipe.GPipeLayer, x, target, weights) -> tuple[float, list[
 
 
 # One draw per schedule covering K 2 and 4, v 1 and 2, remat on and off; the other draws are slow.
-FAST = {"fill_drain": 0, "one_f_one_b": 1, "interleaved_1f1b": 1, "zb_h1": 0, "zb_h2": 0}
+FAST = {
+    "fill_drain": 0,
+    "one_f_one_b": 1,
+    "interleaved_1f1b": 1,
+    "zb_h1": 0,
+    "zb_h2": 0,
+    "one_f_one_b_split": 2,
+}
 CASES = [
     pytest.param(s, seed, marks=() if FAST[s] == seed else pytest.mark.slow)
     for s in schedules.SCHEDULES

@@ -151,6 +151,7 @@ NEW = [
         ("interleaved_1f1b", 3),
         ("zb_h1", 1),
         ("zb_h2", 1),
+        ("one_f_one_b_split", 1),
     ]
     for k in (1, 2, 3, 4)
     for m in (1, 2, 3, 4, 6, 8, 12)
@@ -219,6 +220,22 @@ def test_zb_h1_warms_up_as_one_f_one_b_and_holds_k_on_every_device(k, m):
         first_input = next(i for i, op in enumerate(order) if op.kind == ps.BACKWARD_INPUT)
         assert [op.kind for op in order[:first_input]] == [ps.FORWARD] * (k - d)
     assert ps.peak_in_flight(ps.events("zb_h1", k, m)) == [k] * k
+
+
+@pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 16)])
+@pytest.mark.parametrize("f,i,w", [(1.0, 1.0, 1.0), (1.0, 1.0, 0.25), (0.5, 1.5, 2.0)])
+def test_one_f_one_b_split_holds_what_one_f_one_b_holds_on_each_device_with_less_bubble(k, m, f, i, w):
+    """Device d holds at most 1F1B's K - d micro-batches (forward started, W not done), so devices
+    sharing one memory hold no more together either; idle (K - 1)(T_F + T_I) per device, 1F1B's
+    less (K - 1) T_W, whatever the costs."""
+    cost = {ps.FORWARD: [f] * k, ps.BACKWARD_INPUT: [i] * k, ps.BACKWARD_WEIGHT: [w] * k}
+    cost |= {ps.BACKWARD: [i + w] * k, ps.RECOMPUTE: [f] * k}
+    evs = ps.timeline(ps.build("one_f_one_b_split", k, m).orders, cost)
+    one_f_one_b = ps.timeline(ps.build("one_f_one_b", k, m).orders, cost)
+    assert ps.peak_in_flight(evs) == ps.peak_in_flight(one_f_one_b) == [min(k - d, m) for d in range(k)]
+    want = m * (f + i + w) + ps.one_f_one_b_split_bubble_time(k, f, i)
+    assert ps.step_time(evs) == pytest.approx(want, abs=1e-9)
+    assert ps.step_time(one_f_one_b) - ps.step_time(evs) == pytest.approx((k - 1) * w, abs=1e-9)
 
 
 def _split_events() -> list[ps.Event]:
