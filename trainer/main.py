@@ -286,11 +286,12 @@ def run() -> None:
     sys.stderr.reconfigure(errors="backslashreplace")  # an undecodable argument echoed in an error
     sys.stdout.reconfigure(errors="backslashreplace")
     signals.install_for_binary("trainer", note=signals.TRAINER_NOTE)  # done by trainer/__init__.py under -m
-    tf_startup.import_tensorflow()
 
     def _main(argv: list[str]) -> None:
         # From here on the flags are parsed: a signal's line says whether a checkpoint was saved yet.
         signals.install_for_binary("trainer", note=_checkpoint_note)
+        # TensorFlow after the flags: a mistyped flag or --help answers without its seconds of import.
+        tf_startup.import_tensorflow()
         try:
             sys.exit(main(argv))
         except UserError as e:

@@ -1,5 +1,6 @@
 """A Transformer LM sharded over a DTensor mesh computes what it computes unsharded: loss, gradients
-and the weights after 10 Adam steps (meshes 1x1, 2x1, 1x2, 2x2, 1x4 of the 4 test CPU devices)."""
+and the weights after 10 Adam steps (meshes 2x1, 2x2, 1x4 of the 4 test CPU devices: the batch split
+alone, both, the model split alone; 1x1 and 1x2 add nothing these do not cover)."""
 
 import numpy as np
 import pytest
@@ -68,7 +69,7 @@ def reference():
     }
 
 
-@pytest.mark.parametrize("shape", [[1, 1], [2, 1], [1, 2], [2, 2], [1, 4]], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", [[2, 1], [2, 2], [1, 4]], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_sharded_lm_equals_unsharded(reference, shape):
     exp = _experiment()
     mesh = mesh_lib.create_mesh(shape, ["data", "model"], RULES)
