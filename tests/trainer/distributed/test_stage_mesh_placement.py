@@ -13,8 +13,8 @@ from tensorflow.experimental import dtensor
 from params import experiment
 from tools import export
 from trainer import checkpointer
-from trainer.evaler_job import Evaler
 from trainer.distributed import mesh_placement
+from trainer.evaler_job import Evaler
 
 STEPS, TOL = 20, 1e-5
 # SGD: Adam divides each gradient by its own running norm, so float noise in a near-zero gradient
