@@ -286,6 +286,7 @@ def run() -> None:
     sys.stderr.reconfigure(errors="backslashreplace")  # an undecodable argument echoed in an error
     sys.stdout.reconfigure(errors="backslashreplace")
     signals.install_for_binary("trainer", note=signals.TRAINER_NOTE)  # done by trainer/__init__.py under -m
+    tf_startup.use_system_allocator()  # freed tensors go back to the OS (docs/parallelism/remote.md)
 
     def _main(argv: list[str]) -> None:
         # From here on the flags are parsed: a signal's line says whether a checkpoint was saved yet.

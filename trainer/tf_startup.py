@@ -12,6 +12,15 @@ about 1.2 s of CPU in every process (measured here: 3.6 s of user CPU for ``impo
 imports ``tf_keras`` there instead and goes on when it is absent; the variable is set for the import
 only (and only when neither it is set nor ``tf_keras`` is installed), so ``tf.keras`` in a user's
 experiment still resolves to Keras 3 on first use, as it would otherwise.
+
+``use_system_allocator()`` (the trainer binary calls it before TensorFlow starts) gives freed tensor
+memory back to the operating system. Where TensorFlow's oneDNN is on (x86 Linux builds: the default),
+its CPU allocator serves every tensor of 256 KiB or more from a BFC pool that grows and never shrinks:
+a process's resident memory is then the pool's high-water mark plus its fragmentation, not the
+tensors it holds (measured in a stage process of ``tools.benchmark remote``: 170 to 500 MiB over
+the 2.5 GiB it held at most, different from run to run). ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``
+makes oneDNN's allocator take every tensor from malloc, which maps large blocks on their own and
+unmaps them when they are freed. Set the variable to 0 to keep the pool.
 """
 
 from __future__ import annotations
@@ -19,7 +28,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import MutableMapping
 from types import ModuleType
+
+SYSTEM_ALLOCATOR_ENV = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
+
+
+def use_system_allocator(environ: MutableMapping[str, str] | None = None) -> None:
+    """Has TensorFlow's CPU tensors come from malloc (freed memory goes back to the OS) unless the
+    user set ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR`` already. Call it before TensorFlow allocates (it reads
+    the variable once, at its first tensor); child processes inherit it."""
+    (os.environ if environ is None else environ).setdefault(SYSTEM_ALLOCATOR_ENV, "1")
 
 
 def import_tensorflow() -> ModuleType:

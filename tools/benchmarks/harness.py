@@ -4,8 +4,9 @@ Not a benchmark itself (``tools.benchmark`` does not list it). A side is a worke
 -m tools.benchmarks.NAME --worker=JSON``, whose spec says how to set the process up before
 TensorFlow starts, since none of it can change afterwards: ``cpus`` (CPU affinity),
 ``intra_op_threads`` / ``inter_op_threads`` (0 or absent: TensorFlow's default), ``logical_devices``
-(that many logical CPU devices, when given) and ``measure`` (``"memory"`` turns on the BFC allocator,
-whose peak the figure reads).
+(that many logical CPU devices, when given), ``measure`` (``"memory"`` turns on the BFC allocator,
+whose peak the figure reads) and ``system_allocator`` (true: tensors from malloc, as in the trainer
+binary's processes, ``trainer.tf_startup.use_system_allocator``).
 
 The protocol, one JSON line at a time: a timing worker builds and compiles its step, warms up, prints
 ``{"ready": true, ...}``, then answers each ``step`` line on stdin with ``{"step_s": seconds}`` until
@@ -39,6 +40,10 @@ def configure(spec: dict) -> Any:
         os.sched_setaffinity(0, set(spec["cpus"]))
     if spec.get("measure") == "memory":
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    if spec.get("system_allocator"):
+        from trainer import tf_startup
+
+        tf_startup.use_system_allocator()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 

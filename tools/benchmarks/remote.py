@@ -45,6 +45,12 @@ alternating rounds (one line each per figure, naming its ``schedule`` and ``stag
   ratio. An ideal K-stage split is about (0.6 + 8/K) / (0.6 + 8) GiB: 0.54 for K=2, 0.30 for K=4.
   (At 8 layers, 2 GiB, TensorFlow's share made 0.35 the ideal at K=4 and 0.38 was measured.)
 
+Every process of every side (stage processes, client, one-process and plain sides) takes its tensors
+from malloc, as the trainer binary's processes do (``trainer/tf_startup.py``: TensorFlow's oneDNN
+allocator otherwise keeps freed tensors in a pool that never shrinks, and that pool's fragmentation,
+not the model, made the K=4 stages' peaks spread by 300 MiB from run to run); ``--allocator=pool``
+measures the pool instead, on every side alike.
+
 The speed sides run together and step in alternating rounds (the best step counts); the memory sides
 run one after the other, a warm-up and ``--steps`` steps each.
 """
@@ -74,6 +80,10 @@ def run_stage(spec: dict) -> int:
     """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes."""
     if spec.get("cpus"):
         os.sched_setaffinity(0, set(spec["cpus"]))
+    if spec.get("system_allocator"):
+        from trainer import tf_startup
+
+        tf_startup.use_system_allocator()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -148,6 +158,7 @@ class Pipeline:
                     "cpus": stage_cpus(spec, cpus, task),
                     "intra_op_threads": 1,
                     "inter_op_threads": 2,
+                    "system_allocator": spec.get("system_allocator", False),
                 }
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.remote", f"--stage={json.dumps(stage)}"],
@@ -213,7 +224,7 @@ def _theory(schedule: str, k: int, m: int) -> float:
 
 def _speed(args: argparse.Namespace, cpus: list[int]) -> None:
     dense = dict(width=args.width, depth=args.depth, batch=args.batch, activation="relu", warmup=args.warmup)
-    dense["measure"] = "time"
+    dense.update(measure="time", system_allocator=args.allocator == "system")
     pipeline = dict(dense, stages=2, micro_batches=args.micro_batches, remat="never")
     plain_spec = dict(dense, model="plain", cpus=cpus[:1], intra_op_threads=1, inter_op_threads=1)
     remotes: dict[tuple[str, str], Pipeline] = {}
@@ -290,6 +301,7 @@ def _rss(args: argparse.Namespace, cpus: list[int]) -> None:
             remat="always",
             warmup=args.warmup,
             measure="time",
+            system_allocator=args.allocator == "system",
         )
         one = harness.Worker("gpipe", dict(spec, model="gpipe_head", logical_devices=k, cpus=cpus))
         try:
@@ -345,6 +357,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory_depth", type=int, default=16, help="Dense layers (memory figures).")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch (memory figures).")
     parser.add_argument("--memory_micro_batches", type=int, default=4, help="M (memory figures).")
+    parser.add_argument(
+        "--allocator",
+        choices=("system", "pool"),
+        default="system",
+        help="Where every process of every side takes its tensors from: system (malloc, as the "
+        "trainer binary's processes do: trainer/tf_startup.py) or pool (TensorFlow's default under "
+        "oneDNN, a pool that never shrinks).",
+    )
     harness.add_run_flags(parser, steps=4, warmup=1)
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
