@@ -5,7 +5,8 @@ global batch. Each side of a ratio runs in its own subprocess (``python -m tools
 --worker=JSON``), which pins its CPUs and sets its thread counts, allocator and logical devices before
 TensorFlow starts. The sides of a figure are started together, warmed up, then step in alternating
 rounds, so all see the same machine load; the best step of each side counts (load only adds time).
-"Plain" is the stack without a GPipe layer and without re-materialization.
+"Plain" is the stack without a GPipe layer and without re-materialization. Under ``--quick`` (a smoke
+test) the timed sides with the same process settings share one worker process.
 
 - speedup (remat never and always): the plain stack on one core (affinity + 1 intra-op thread) over
   the K=2, M=8 pipeline with one core per device (2 cores, 1 intra-op thread per op, 2 inter-op
@@ -203,10 +204,17 @@ def _task_step(spec: dict) -> tuple[Any, Any]:
     return step, train_step.task.trainable_variables
 
 
+def _step(spec: dict) -> tuple[Any, Any]:
+    return (_task_step if spec["model"].startswith("task") else _dense_step)(spec)
+
+
 def run_worker(spec: dict) -> int:
     """The worker: builds the step, then serves it (``harness.serve``); a memory side also reports the
-    weights' bytes and the traced step's live-tensor peak."""
-    step, variables = (_task_step if spec["model"].startswith("task") else _dense_step)(spec)
+    weights' bytes and the traced step's live-tensor peak; a worker of several sides (``--quick``:
+    ``harness.interleaved``'s ``shared``) serves each side's step by name."""
+    if "sides" in spec:
+        return harness.serve_sides(spec, {side: _step(s)[0] for side, s in spec["sides"].items()})
+    step, variables = _step(spec)
 
     def memory() -> dict:
         from tools.memory_trace import live_tensor_peak
@@ -254,7 +262,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--schedule_memory_batch", type=int, default=8192, help="Global batch of one_f_one_b_memory."
     )
-    harness.add_run_flags(parser, steps=4, warmup=1)
+    harness.add_run_flags(parser, steps=4, warmup=1, quick_help=harness.SHARED_QUICK_HELP)
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
     if args.quick:
@@ -284,7 +292,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
     }  # fmt: skip
 
     def measure(**specs: dict) -> dict[str, dict]:
-        return harness.interleaved("gpipe", specs, args.steps, args.verbose)
+        return harness.interleaved("gpipe", specs, args.steps, args.verbose, shared=args.quick)
 
     def best(t: dict, name: str) -> float:
         return t[name]["best"]
@@ -464,7 +472,7 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
                 specs[f"stage_alone_m{m}"] = {
                     **specs[f"stage_gradients_m{m}"], "cpus": cpus[:2], "inter_op_threads": 2,
                 }  # fmt: skip
-        t = harness.interleaved("gpipe", specs, args.steps, args.verbose)
+        t = harness.interleaved("gpipe", specs, args.steps, args.verbose, shared=args.quick)
         for m in micro_batches:
             fill, one = t[f"fill_drain_m{m}"]["best"], t[f"one_f_one_b_m{m}"]["best"]
             if "one_f_one_b_time" in figures and m in all_micro_batches[1:]:

@@ -84,10 +84,30 @@ def serve(spec: dict, step: Callable[[], Any], memory: Callable[[], dict] | None
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        cpu = time.process_time()
-        step_s = timed(step)
-        print(json.dumps({"step_s": step_s, "cpu_s": time.process_time() - cpu}), flush=True)
+        print(json.dumps(_timed_result(step)), flush=True)
     return 0
+
+
+def serve_sides(spec: dict, steps: dict[str, Callable[[], Any]]) -> int:
+    """A timing worker of several sides (``spec["sides"]``, see ``interleaved``): compiles each step
+    and warms it up, prints ``{"ready": true}``, then answers each ``step SIDE`` line on stdin with
+    ``{"step_s": seconds, "cpu_s": seconds}`` until stdin closes."""
+    for step in steps.values():
+        for _ in range(1 + spec["warmup"]):
+            step().numpy()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        word, _, side = line.strip().partition(" ")
+        if word != "step" or side not in steps:
+            break
+        print(json.dumps(_timed_result(steps[side])), flush=True)
+    return 0
+
+
+def _timed_result(step: Callable[[], Any]) -> dict:
+    cpu = time.process_time()
+    step_s = timed(step)
+    return {"step_s": step_s, "cpu_s": time.process_time() - cpu}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -158,21 +178,41 @@ def _log(name: str, verbose: bool, spec: dict) -> None:
         print(f"{name} benchmark: {json.dumps(spec, sort_keys=True)}", file=sys.stderr, flush=True)
 
 
-def interleaved(name: str, specs: dict[str, dict], rounds: int, verbose: bool = False) -> dict[str, dict]:
+# What a worker sets up before TensorFlow starts (``configure``): sides that agree on all of it can
+# share a process (``interleaved(..., shared=True)``).
+PROCESS_SETTINGS = ("cpus", "intra_op_threads", "inter_op_threads", "logical_devices", "measure", "warmup")
+
+
+def interleaved(
+    name: str, specs: dict[str, dict], rounds: int, verbose: bool = False, shared: bool = False
+) -> dict[str, dict]:
     """Starts one worker per side (``{side: spec}``), waits until all are warmed up, then runs
     ``rounds`` rounds of one step per side, in turn. Returns each side's ``best`` and ``median`` step
-    seconds."""
+    seconds.
+
+    With ``shared`` (``--quick``: a smoke test, where each process's TensorFlow start costs more than
+    its steps), sides with the same ``PROCESS_SETTINGS`` run in one worker, whose spec is those
+    settings and ``sides`` (``{side: spec}``); it serves each side's step by name (``serve_sides``)."""
     _log(name, verbose, specs)
+    groups: dict[str, dict] = {}
+    for side, spec in specs.items():
+        settings = {key: spec[key] for key in PROCESS_SETTINGS if key in spec}
+        key = json.dumps(settings, sort_keys=True) if shared else side
+        groups.setdefault(key, {**settings, "sides": {}})["sides"][side] = spec
     workers: dict[str, Worker] = {}
     try:
-        for side, spec in specs.items():
-            workers[side] = Worker(name, spec)
+        for key, group in groups.items():
+            (spec, *others) = group["sides"].values()
+            workers[key] = Worker(name, group if others else spec)
         for worker in workers.values():
             worker.read()  # ready
-        times: dict[str, list[float]] = {side: [] for side in workers}
+        times: dict[str, list[float]] = {side: [] for side in specs}
         for _ in range(rounds):
-            for side, worker in workers.items():
-                times[side].append(worker.step())
+            for key, group in groups.items():
+                alone = len(group["sides"]) == 1
+                for side in group["sides"]:
+                    step = workers[key].step() if alone else workers[key].ask(f"step {side}")["step_s"]
+                    times[side].append(step)
     finally:
         for worker in workers.values():
             worker.close()
@@ -198,9 +238,18 @@ def emit(name: str, value: float | None, **details: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------ command line
-def add_run_flags(parser: argparse.ArgumentParser, steps: int, warmup: int) -> None:
+QUICK_HELP = "Tiny sizes and few steps (a smoke test)."
+SHARED_QUICK_HELP = (
+    "Tiny sizes and few steps (a smoke test); timed sides with the same process settings (cores, "
+    "threads, logical devices) share one worker process, so the figures mean nothing."
+)
+
+
+def add_run_flags(
+    parser: argparse.ArgumentParser, steps: int, warmup: int, quick_help: str = QUICK_HELP
+) -> None:
     """The flags every such benchmark takes: --quick, --steps, --warmup and the workers' --worker."""
-    parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps (a smoke test).")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--steps", type=int, default=steps, help="Alternating rounds: timed steps per side.")
     parser.add_argument("--warmup", type=int, default=warmup, help="Untimed steps after the first.")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
