@@ -25,7 +25,7 @@ test) the timed sides with the same process settings share one worker process.
   the plain stack on one core divided by its theory KM/(M+K-1). A K needs K cores (else a
   ``skipped`` line); K=2 reuses the speedup run's sides (M=8).
 - memory: a task's real pipelined training step: ``lm.synthetic.GPipeTransformerLM`` (K=2, M=8
-  (``--memory_micro_batches``; 4 under ``--quick``), remat always, the loss in the last stage)
+  (``--memory_micro_batches``; 2 under ``--quick``), remat always, the loss in the last stage)
   through the trainer's ``TrainStep`` (its while loop, op determinism on), over the same task with
   ``stack.pipeline = None`` through the same step function.
   Sizes: 8 layers of width 128, FFN 512, 4 heads, sequences of 128 tokens, batch 64, so activations
@@ -213,6 +213,7 @@ def run_worker(spec: dict) -> int:
     weights' bytes and the traced step's live-tensor peak; a worker of several sides (``--quick``:
     ``harness.interleaved``'s ``shared``) serves each side's step by name."""
     if "sides" in spec:
+        harness.configure(spec)  # the process's settings, before any side's (which may name fewer)
         return harness.serve_sides(spec, {side: _step(s)[0] for side, s in spec["sides"].items()})
     step, variables = _step(spec)
 
@@ -254,7 +255,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory_seq_length", type=int, default=128, help="Sequence length, memory task.")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch of the memory task.")
     parser.add_argument(
-        "--memory_micro_batches", type=int, default=8, help="Micro-batches M of the memory task (--quick: 4)."
+        "--memory_micro_batches", type=int, default=8, help="Micro-batches M of the memory task (--quick: 2)."
     )
     parser.add_argument(
         "--schedule_memory_width", type=int, default=512, help="Layer width of one_f_one_b_memory's stack."
@@ -268,7 +269,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_layers, args.memory_seq_length, args.memory_batch = 16, 2, 16, 16
-        args.memory_micro_batches = 4
+        args.memory_micro_batches = 2  # still micro-batched: half the graph of M=4
         args.schedule_memory_width, args.schedule_memory_batch = 64, 64
         # A smoke test: one timed round, no untimed step after the compiling one, and the schedule
         # figures at one reported M (M=16 runs the same code as M=8): each worker costs a TF start.
