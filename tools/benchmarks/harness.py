@@ -89,9 +89,10 @@ def serve(spec: dict, step: Callable[[], Any], memory: Callable[[], dict] | None
 
 
 def serve_sides(spec: dict, steps: dict[str, Callable[[], Any]]) -> int:
-    """A timing worker of several sides (``spec["sides"]``, see ``interleaved``): compiles each step
-    and warms it up, prints ``{"ready": true}``, then answers each ``step SIDE`` line on stdin with
-    ``{"step_s": seconds, "cpu_s": seconds}`` until stdin closes."""
+    """A timing worker of several sides (``spec["sides"]``, see ``interleaved``; build their steps
+    after ``configure(spec)``, since a side may name fewer settings): compiles each step and warms it
+    up, prints ``{"ready": true}``, then answers each ``step SIDE`` line on stdin with ``{"step_s":
+    seconds, "cpu_s": seconds}`` until stdin closes."""
     for step in steps.values():
         for _ in range(1 + spec["warmup"]):
             step().numpy()
@@ -178,9 +179,21 @@ def _log(name: str, verbose: bool, spec: dict) -> None:
         print(f"{name} benchmark: {json.dumps(spec, sort_keys=True)}", file=sys.stderr, flush=True)
 
 
-# What a worker sets up before TensorFlow starts (``configure``): sides that agree on all of it can
-# share a process (``interleaved(..., shared=True)``).
+# What a worker sets up before TensorFlow starts (``configure``): sides that agree on it can share a
+# process (``interleaved(..., shared=True)``).
 PROCESS_SETTINGS = ("cpus", "intra_op_threads", "inter_op_threads", "logical_devices", "measure", "warmup")
+
+
+def _fits(group: dict, settings: dict) -> bool:
+    """Whether a side with these process settings can run in ``group``'s worker: the same settings,
+    but that a side naming no logical devices runs on the first of the group's (its ops' default
+    device), and a group without them takes a side's."""
+    devices = {settings.get("logical_devices"), group.get("logical_devices")} - {None, 0}
+
+    def rest(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k in PROCESS_SETTINGS and k != "logical_devices"}
+
+    return rest(group) == rest(settings) and len(devices) <= 1
 
 
 def interleaved(
@@ -191,30 +204,36 @@ def interleaved(
     seconds.
 
     With ``shared`` (``--quick``: a smoke test, where each process's TensorFlow start costs more than
-    its steps), sides with the same ``PROCESS_SETTINGS`` run in one worker, whose spec is those
-    settings and ``sides`` (``{side: spec}``); it serves each side's step by name (``serve_sides``)."""
+    its steps), sides whose ``PROCESS_SETTINGS`` fit (``_fits``) run in one worker, whose spec is
+    those settings and ``sides`` (``{side: spec}``); it serves each side's step by name
+    (``serve_sides``)."""
     _log(name, verbose, specs)
-    groups: dict[str, dict] = {}
+    groups: list[dict] = []
     for side, spec in specs.items():
-        settings = {key: spec[key] for key in PROCESS_SETTINGS if key in spec}
-        key = json.dumps(settings, sort_keys=True) if shared else side
-        groups.setdefault(key, {**settings, "sides": {}})["sides"][side] = spec
-    workers: dict[str, Worker] = {}
+        settings = {key: spec[key] for key in PROCESS_SETTINGS if spec.get(key) is not None}
+        group = next((g for g in groups if shared and _fits(g, settings)), None)
+        if group is None:
+            group = {**settings, "sides": {}}
+            groups.append(group)
+        if settings.get("logical_devices"):  # a group takes a side's logical devices
+            group["logical_devices"] = settings["logical_devices"]
+        group["sides"][side] = spec
+    workers: list[Worker] = []
     try:
-        for key, group in groups.items():
+        for group in groups:
             (spec, *others) = group["sides"].values()
-            workers[key] = Worker(name, group if others else spec)
-        for worker in workers.values():
+            workers.append(Worker(name, group if others else spec))
+        for worker in workers:
             worker.read()  # ready
         times: dict[str, list[float]] = {side: [] for side in specs}
         for _ in range(rounds):
-            for key, group in groups.items():
+            for worker, group in zip(workers, groups):
                 alone = len(group["sides"]) == 1
                 for side in group["sides"]:
-                    step = workers[key].step() if alone else workers[key].ask(f"step {side}")["step_s"]
+                    step = worker.step() if alone else worker.ask(f"step {side}")["step_s"]
                     times[side].append(step)
     finally:
-        for worker in workers.values():
+        for worker in workers:
             worker.close()
     return {side: {"best": min(t), "median": statistics.median(t)} for side, t in times.items()}
 
