@@ -259,8 +259,9 @@ def emit(name: str, value: float | None, **details: Any) -> None:
 # ------------------------------------------------------------------------------------------ command line
 QUICK_HELP = "Tiny sizes and few steps (a smoke test)."
 SHARED_QUICK_HELP = (
-    "Tiny sizes and few steps (a smoke test); timed sides with the same process settings (cores, "
-    "threads, logical devices) share one worker process, so the figures mean nothing."
+    "Tiny sizes and few steps (a smoke test); timed sides with the same cores and threads share one "
+    "worker process (a side without logical devices runs on the first of another's), so the figures "
+    "mean nothing."
 )
 
 
