@@ -31,3 +31,47 @@ def test_a_failing_worker_is_reported_with_its_last_stderr_line():
     # A spec without the keys the local benchmark's worker needs: it exits with a KeyError.
     with pytest.raises(RuntimeError, match=r"benchmark worker failed \(1\) .*KeyError: 'width'"):
         harness.run_once("local", {"measure": "time", "warmup": 0})
+
+
+def test_quick_sides_share_a_worker_only_where_their_process_settings_fit(monkeypatch):
+    started, asked = [], []
+
+    class FakeWorker:  # in this process: what interleaved starts and asks, not a real worker
+        def __init__(self, name, spec):
+            started.append(spec)
+
+        def read(self):
+            return {"ready": True}
+
+        def step(self):
+            return 1.0
+
+        def ask(self, line):
+            asked.append(line)
+            return {"step_s": 2.0}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(harness, "Worker", FakeWorker)
+    base = {"measure": "time", "warmup": 0, "intra_op_threads": 1}
+    two = {**base, "cpus": [0, 1], "inter_op_threads": 2, "logical_devices": 2}
+    one = {**base, "cpus": [0], "inter_op_threads": 1}
+    specs = {
+        "pipeline": {**two, "model": "gpipe"},
+        "plain": {**one, "model": "plain"},
+        "control": {**two, "logical_devices": None, "model": "plain"},  # runs on the first device
+        "plain_devices": {**one, "logical_devices": 2, "model": "local"},
+        "four": {**two, "logical_devices": 4, "model": "gpipe"},  # other devices: its own process
+        "warm": {**one, "warmup": 1, "model": "plain"},
+    }
+    times = harness.interleaved("x", specs, 2, shared=True)
+    assert [sorted(s["sides"]) if "sides" in s else [s["model"]] for s in started] == [
+        ["control", "pipeline"], ["plain", "plain_devices"], ["gpipe"], ["plain"]
+    ]  # fmt: skip
+    assert started[1]["logical_devices"] == 2 and started[1]["cpus"] == [0]
+    assert asked == 2 * ["step pipeline", "step control", "step plain", "step plain_devices"]
+    assert times["pipeline"]["best"] == 2.0 and times["four"]["best"] == times["warm"]["best"] == 1.0
+    started.clear()
+    harness.interleaved("x", specs, 1)  # the default: a worker per side
+    assert [s["model"] for s in started] == [s["model"] for s in specs.values()]

@@ -5,7 +5,8 @@ global batch. Each side of a ratio runs in its own subprocess (``python -m tools
 --worker=JSON``), which pins its CPUs and sets its thread counts, allocator and logical devices before
 TensorFlow starts. The sides of a figure are started together, warmed up, then step in alternating
 rounds, so all see the same machine load; the best step of each side counts (load only adds time).
-"Plain" is the stack without a GPipe layer and without re-materialization.
+"Plain" is the stack without a GPipe layer and without re-materialization. Under ``--quick`` (a smoke
+test) the timed sides with the same process settings share one worker process.
 
 - speedup (remat never and always): the plain stack on one core (affinity + 1 intra-op thread) over
   the K=2, M=8 pipeline with one core per device (2 cores, 1 intra-op thread per op, 2 inter-op
@@ -24,7 +25,7 @@ rounds, so all see the same machine load; the best step of each side counts (loa
   the plain stack on one core divided by its theory KM/(M+K-1). A K needs K cores (else a
   ``skipped`` line); K=2 reuses the speedup run's sides (M=8).
 - memory: a task's real pipelined training step: ``lm.synthetic.GPipeTransformerLM`` (K=2, M=8
-  (``--memory_micro_batches``; 4 under ``--quick``), remat always, the loss in the last stage)
+  (``--memory_micro_batches``; 2 under ``--quick``), remat always, the loss in the last stage)
   through the trainer's ``TrainStep`` (its while loop, op determinism on), over the same task with
   ``stack.pipeline = None`` through the same step function.
   Sizes: 8 layers of width 128, FFN 512, 4 heads, sequences of 128 tokens, batch 64, so activations
@@ -203,10 +204,18 @@ def _task_step(spec: dict) -> tuple[Any, Any]:
     return step, train_step.task.trainable_variables
 
 
+def _step(spec: dict) -> tuple[Any, Any]:
+    return (_task_step if spec["model"].startswith("task") else _dense_step)(spec)
+
+
 def run_worker(spec: dict) -> int:
     """The worker: builds the step, then serves it (``harness.serve``); a memory side also reports the
-    weights' bytes and the traced step's live-tensor peak."""
-    step, variables = (_task_step if spec["model"].startswith("task") else _dense_step)(spec)
+    weights' bytes and the traced step's live-tensor peak; a worker of several sides (``--quick``:
+    ``harness.interleaved``'s ``shared``) serves each side's step by name."""
+    if "sides" in spec:
+        harness.configure(spec)  # the process's settings, before any side's (which may name fewer)
+        return harness.serve_sides(spec, {side: _step(s)[0] for side, s in spec["sides"].items()})
+    step, variables = _step(spec)
 
     def memory() -> dict:
         from tools.memory_trace import live_tensor_peak
@@ -246,7 +255,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory_seq_length", type=int, default=128, help="Sequence length, memory task.")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch of the memory task.")
     parser.add_argument(
-        "--memory_micro_batches", type=int, default=8, help="Micro-batches M of the memory task (--quick: 4)."
+        "--memory_micro_batches", type=int, default=8, help="Micro-batches M of the memory task (--quick: 2)."
     )
     parser.add_argument(
         "--schedule_memory_width", type=int, default=512, help="Layer width of one_f_one_b_memory's stack."
@@ -254,13 +263,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--schedule_memory_batch", type=int, default=8192, help="Global batch of one_f_one_b_memory."
     )
-    harness.add_run_flags(parser, steps=4, warmup=1)
+    harness.add_run_flags(parser, steps=4, warmup=1, quick_help=harness.SHARED_QUICK_HELP)
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_layers, args.memory_seq_length, args.memory_batch = 16, 2, 16, 16
-        args.memory_micro_batches = 4
+        args.memory_micro_batches = 2  # still micro-batched: half the graph of M=4
         args.schedule_memory_width, args.schedule_memory_batch = 64, 64
         # A smoke test: one timed round, no untimed step after the compiling one, and the schedule
         # figures at one reported M (M=16 runs the same code as M=8): each worker costs a TF start.
@@ -284,7 +293,7 @@ def _speed_figures(args: argparse.Namespace, figures: list[str], cpus: list[int]
     }  # fmt: skip
 
     def measure(**specs: dict) -> dict[str, dict]:
-        return harness.interleaved("gpipe", specs, args.steps, args.verbose)
+        return harness.interleaved("gpipe", specs, args.steps, args.verbose, shared=args.quick)
 
     def best(t: dict, name: str) -> float:
         return t[name]["best"]
@@ -464,7 +473,7 @@ def _schedule_figures(args: argparse.Namespace, figures: list[str], cpus: list[i
                 specs[f"stage_alone_m{m}"] = {
                     **specs[f"stage_gradients_m{m}"], "cpus": cpus[:2], "inter_op_threads": 2,
                 }  # fmt: skip
-        t = harness.interleaved("gpipe", specs, args.steps, args.verbose)
+        t = harness.interleaved("gpipe", specs, args.steps, args.verbose, shared=args.quick)
         for m in micro_batches:
             fill, one = t[f"fill_drain_m{m}"]["best"], t[f"one_f_one_b_m{m}"]["best"]
             if "one_f_one_b_time" in figures and m in all_micro_batches[1:]:

@@ -89,10 +89,31 @@ def serve(spec: dict, step: Callable[[], Any], memory: Callable[[], dict] | None
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        cpu = time.process_time()
-        step_s = timed(step)
-        print(json.dumps({"step_s": step_s, "cpu_s": time.process_time() - cpu}), flush=True)
+        print(json.dumps(_timed_result(step)), flush=True)
     return 0
+
+
+def serve_sides(spec: dict, steps: dict[str, Callable[[], Any]]) -> int:
+    """A timing worker of several sides (``spec["sides"]``, see ``interleaved``; build their steps
+    after ``configure(spec)``, since a side may name fewer settings): compiles each step and warms it
+    up, prints ``{"ready": true}``, then answers each ``step SIDE`` line on stdin with ``{"step_s":
+    seconds, "cpu_s": seconds}`` until stdin closes."""
+    for step in steps.values():
+        for _ in range(1 + spec["warmup"]):
+            step().numpy()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        word, _, side = line.strip().partition(" ")
+        if word != "step" or side not in steps:
+            break
+        print(json.dumps(_timed_result(steps[side])), flush=True)
+    return 0
+
+
+def _timed_result(step: Callable[[], Any]) -> dict:
+    cpu = time.process_time()
+    step_s = timed(step)
+    return {"step_s": step_s, "cpu_s": time.process_time() - cpu}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -163,23 +184,61 @@ def _log(name: str, verbose: bool, spec: dict) -> None:
         print(f"{name} benchmark: {json.dumps(spec, sort_keys=True)}", file=sys.stderr, flush=True)
 
 
-def interleaved(name: str, specs: dict[str, dict], rounds: int, verbose: bool = False) -> dict[str, dict]:
+# What a worker sets up before TensorFlow starts (``configure``): sides that agree on it can share a
+# process (``interleaved(..., shared=True)``).
+PROCESS_SETTINGS = ("cpus", "intra_op_threads", "inter_op_threads", "logical_devices", "measure", "warmup")
+
+
+def _fits(group: dict, settings: dict) -> bool:
+    """Whether a side with these process settings can run in ``group``'s worker: the same settings,
+    but that a side naming no logical devices runs on the first of the group's (its ops' default
+    device), and a group without them takes a side's."""
+    devices = {settings.get("logical_devices"), group.get("logical_devices")} - {None, 0}
+
+    def rest(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k in PROCESS_SETTINGS and k != "logical_devices"}
+
+    return rest(group) == rest(settings) and len(devices) <= 1
+
+
+def interleaved(
+    name: str, specs: dict[str, dict], rounds: int, verbose: bool = False, shared: bool = False
+) -> dict[str, dict]:
     """Starts one worker per side (``{side: spec}``), waits until all are warmed up, then runs
     ``rounds`` rounds of one step per side, in turn. Returns each side's ``best`` and ``median`` step
-    seconds."""
+    seconds.
+
+    With ``shared`` (``--quick``: a smoke test, where each process's TensorFlow start costs more than
+    its steps), sides whose ``PROCESS_SETTINGS`` fit (``_fits``) run in one worker, whose spec is
+    those settings and ``sides`` (``{side: spec}``); it serves each side's step by name
+    (``serve_sides``)."""
     _log(name, verbose, specs)
-    workers: dict[str, Worker] = {}
+    groups: list[dict] = []
+    for side, spec in specs.items():
+        settings = {key: spec[key] for key in PROCESS_SETTINGS if spec.get(key) is not None}
+        group = next((g for g in groups if shared and _fits(g, settings)), None)
+        if group is None:
+            group = {**settings, "sides": {}}
+            groups.append(group)
+        if settings.get("logical_devices"):  # a group takes a side's logical devices
+            group["logical_devices"] = settings["logical_devices"]
+        group["sides"][side] = spec
+    workers: list[Worker] = []
     try:
-        for side, spec in specs.items():
-            workers[side] = Worker(name, spec)
-        for worker in workers.values():
+        for group in groups:
+            (spec, *others) = group["sides"].values()
+            workers.append(Worker(name, group if others else spec))
+        for worker in workers:
             worker.read()  # ready
-        times: dict[str, list[float]] = {side: [] for side in workers}
+        times: dict[str, list[float]] = {side: [] for side in specs}
         for _ in range(rounds):
-            for side, worker in workers.items():
-                times[side].append(worker.step())
+            for worker, group in zip(workers, groups):
+                alone = len(group["sides"]) == 1
+                for side in group["sides"]:
+                    step = worker.step() if alone else worker.ask(f"step {side}")["step_s"]
+                    times[side].append(step)
     finally:
-        for worker in workers.values():
+        for worker in workers:
             worker.close()
     return {side: {"best": min(t), "median": statistics.median(t)} for side, t in times.items()}
 
@@ -203,9 +262,19 @@ def emit(name: str, value: float | None, **details: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------ command line
-def add_run_flags(parser: argparse.ArgumentParser, steps: int, warmup: int) -> None:
+QUICK_HELP = "Tiny sizes and few steps (a smoke test)."
+SHARED_QUICK_HELP = (
+    "Tiny sizes and few steps (a smoke test); timed sides with the same cores and threads share one "
+    "worker process (a side without logical devices runs on the first of another's), so the figures "
+    "mean nothing."
+)
+
+
+def add_run_flags(
+    parser: argparse.ArgumentParser, steps: int, warmup: int, quick_help: str = QUICK_HELP
+) -> None:
     """The flags every such benchmark takes: --quick, --steps, --warmup and the workers' --worker."""
-    parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps (a smoke test).")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--steps", type=int, default=steps, help="Alternating rounds: timed steps per side.")
     parser.add_argument("--warmup", type=int, default=warmup, help="Untimed steps after the first.")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -10,7 +10,8 @@ that pins its CPUs and sets its thread counts and logical devices before TensorF
 - gpipe: the same layers as a GPipeLayer, K=2, M=8, remat never, on the same two cores and threads.
 
 The workers are started together, warmed up, then step in alternating rounds so that all see the same
-machine load; the best step of each counts (load only ever adds time). Figures:
+machine load; the best step of each counts (load only ever adds time); under ``--quick`` (a smoke test)
+the sides with the same process settings share one worker. Figures:
 
 - speedup_vs_backprop: backprop step / local step (target 1.7);
 - speedup_vs_gpipe: gpipe step / local step (target 1.1);
@@ -102,7 +103,11 @@ def _setup(spec: dict) -> tuple[Any, int]:
 
 def run_worker(spec: dict) -> int:
     """Builds the step, then serves it (``harness.serve``); a memory side also reports the state kept
-    between steps."""
+    between steps; a worker of several sides (``--quick``: ``harness.interleaved``'s ``shared``) serves
+    each side's step by name."""
+    if "sides" in spec:
+        harness.configure(spec)  # the process's settings, before any side's (which may name fewer)
+        return harness.serve_sides(spec, {side: _setup(s)[0] for side, s in spec["sides"].items()})
     step, kept = _setup(spec)
     return harness.serve(spec, step, lambda: {"state_bytes": int(kept)})
 
@@ -120,7 +125,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--memory_width", type=int, default=128, help="Layer width of the memory figure.")
     parser.add_argument("--memory_batch", type=int, default=8192, help="Batch of the memory figure.")
-    harness.add_run_flags(parser, steps=5, warmup=2)
+    harness.add_run_flags(parser, steps=5, warmup=2, quick_help=harness.SHARED_QUICK_HELP)
     args = parser.parse_args(argv)
     if args.quick:
         args.width, args.depth, args.batch = 64, 4, 64
@@ -151,6 +156,7 @@ def main(argv: list[str]) -> int:
                 "local_one_core": {**base, **one_core, "logical_devices": 2, "model": "local"},
             },
             args.steps,
+            shared=args.quick,
         )
         local_s, backprop_s, gpipe_s, local_1_s = (
             t[name]["best"] for name in ("local", "backprop", "gpipe", "local_one_core")

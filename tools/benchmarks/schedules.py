@@ -12,8 +12,9 @@ zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ..
 about).
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
-six pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator). The timed
-steps run in alternating rounds (one step of every side per round), so all see the same load; a
+six pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator); under
+``--quick`` two, the pipelines' worker measuring the peaks too (its steps then use the BFC allocator).
+The timed steps run in alternating rounds (one step of every side per round), so all see the same load; a
 side's best step counts (load only ever adds time).
 
 - ``step_s``: the compiled training step (forward, backward, update) of the schedule.
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from typing import Any
@@ -138,33 +140,50 @@ def _steps(spec: dict) -> dict[str, Any]:
 def run_worker(spec: dict) -> int:
     """Builds every step (compiling each, then ``warmup`` more calls); a memory worker prints each
     schedule's peak and resident bytes, a timing worker answers each
-    ``step NAME`` line on stdin with ``{"step_s": seconds}`` until stdin closes."""
-    import tensorflow as tf
-
+    ``step NAME`` line on stdin with ``{"step_s": seconds}`` until stdin closes. A timing worker with
+    ``peaks`` (``--quick``) also measures the peaks, as the memory worker would (after at least one
+    more call of each step), and gives them in its ready line."""
+    if spec.get("peaks"):
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow starts (_steps)
     steps = _steps(spec)
     for step in steps.values():
         for _ in range(1 + spec["warmup"]):
             step().numpy()
     if spec["measure"] == "memory":
-        held: dict[str, list[int]] = {name: [] for name in steps}
-        out: dict[str, Any] = {}
-        for _ in range(spec["peak_steps"]):  # rounds: every schedule's step in turn
-            for name, step in steps.items():
-                resident = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
-                peak = harness.allocator_peak(step)
-                held[name].append(peak - resident)
-                out[name] = {"peak_bytes": peak, "resident_bytes": resident}
-        for name, peaks in held.items():
-            out[name]["held_bytes"] = peaks
-        print(json.dumps(out), flush=True)
+        print(json.dumps(_peaks(steps, spec["peak_steps"])), flush=True)
         return 0
-    print(json.dumps({"ready": True}), flush=True)
+    ready: dict[str, Any] = {"ready": True}
+    if spec.get("peaks"):
+        for _ in range(1 - spec["warmup"]):
+            for step in steps.values():
+                step().numpy()
+        ready["peaks"] = _peaks({name: steps[name] for name, _ in SCHEDULES}, spec["peak_steps"])
+    print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         word, _, name = line.strip().partition(" ")
         if word != "step" or name not in steps:
             break
         print(json.dumps({"step_s": harness.timed(steps[name])}), flush=True)
     return 0
+
+
+def _peaks(steps: dict[str, Any], rounds: int) -> dict[str, dict]:
+    """Each step's allocator peak and the bytes the process held just before it (of the last round),
+    and ``held_bytes``: the peak over those bytes in each of ``rounds`` rounds (every schedule's step
+    in turn)."""
+    import tensorflow as tf
+
+    out: dict[str, dict] = {}
+    held: dict[str, list[int]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            resident = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+            peak = harness.allocator_peak(step)
+            held[name].append(peak - resident)
+            out[name] = {"peak_bytes": peak, "resident_bytes": resident}
+    for name, peaks in held.items():
+        out[name]["held_bytes"] = peaks
+    return out
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -176,7 +195,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=8, help="Number of dense layers (a multiple of 4).")
     parser.add_argument("--batch", type=int, default=4096, help="Global batch (M=8 micro-batches of it).")
     parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
-    harness.add_run_flags(parser, steps=5, warmup=1)
+    harness.add_run_flags(
+        parser,
+        steps=5,
+        warmup=1,
+        quick_help="Tiny sizes and few steps (a smoke test); the pipelines' worker measures the peaks too.",
+    )
     parser.add_argument(
         "--peak_steps",
         type=int,
@@ -248,6 +272,8 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
         "peak_steps": args.peak_steps,
     }  # fmt: skip
     memory.pop("alone")
+    if args.quick:  # a smoke test: the pipelines' worker measures the peaks too (one TensorFlow start less)
+        pipelines.update(peaks=True, peak_steps=args.peak_steps)
     if args.verbose:
         print(f"schedules benchmark: {json.dumps([pipelines, costs], sort_keys=True)}", file=sys.stderr)
     workers = {
@@ -256,8 +282,7 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     }
     times: dict[str, list[float]] = {}
     try:
-        for worker in workers.values():
-            worker.read()  # ready
+        ready = {side: worker.read() for side, worker in workers.items()}
         names = [(workers["pipelines"], name) for name, _ in SCHEDULES] + [(workers["pipelines"], "alone")]
         names += [(workers["costs"], name) for name in units]
         for _ in range(args.steps):  # alternating rounds: every side sees the same load
@@ -267,7 +292,7 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
         for worker in workers.values():
             worker.close()
     best = {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
-    peaks = harness.run_once("schedules", memory, args.verbose)
+    peaks = ready["pipelines"].get("peaks") or harness.run_once("schedules", memory, args.verbose)
     return {"times": best, "peaks": peaks, "chunks": chunks}
 
 
