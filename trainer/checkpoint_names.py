@@ -124,14 +124,19 @@ def differences(task: tf.Module, path: str) -> list[str]:
     wanted = {drop_levels(name_of(v), own): v.shape.as_list() for v in task.variables}
     levels = inferred_levels(saved, wanted)
     have = {drop_levels(name, levels): list(shapes[key]) for name, key in saved.items()}
+    return shape_changes(have, wanted)
+
+
+def shape_changes(saved: dict[str, list[int]], wanted: dict[str, list[int]]) -> list[str]:
+    """``<name> added`` (in ``wanted`` only), ``<name> removed``, ``<name> [shape] -> [shape]``, by name."""
     out = []
-    for name in sorted(set(have) | set(wanted)):
-        if name not in have:
+    for name in sorted(set(saved) | set(wanted)):
+        if name not in saved:
             out.append(f"{name} added")
         elif name not in wanted:
             out.append(f"{name} removed")
-        elif have[name] != wanted[name]:
-            out.append(f"{name} {have[name]} -> {wanted[name]}")
+        elif saved[name] != wanted[name]:
+            out.append(f"{name} {saved[name]} -> {wanted[name]}")
     return out
 
 

@@ -147,16 +147,13 @@ def _shape_changes(task: tf.Module, checkpoint_path: str) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="logdir_guard-") as tmp:
         written = tf.train.Checkpoint(task=task).write(f"{tmp}/task")
         fresh = task_variables(written)
-    out = []
-    for name in sorted(set(saved) | set(fresh)):
-        short = name[len("task/") : -len("/.ATTRIBUTES/VARIABLE_VALUE")]
-        if name not in fresh:
-            out.append(f"{short} removed")
-        elif name not in saved:
-            out.append(f"{short} added")
-        elif saved[name] != fresh[name]:
-            out.append(f"{short} {list(saved[name])} -> {list(fresh[name])}")
-    return out
+
+    def shapes(variables: dict[str, tuple[int, ...]]) -> dict[str, list[int]]:
+        return {
+            name[len("task/") : -len("/.ATTRIBUTES/VARIABLE_VALUE")]: list(s) for name, s in variables.items()
+        }
+
+    return checkpoint_names.shape_changes(shapes(saved), shapes(fresh))
 
 
 def record_changes(logdir: str, step: int, changes: list[str]) -> None:
