@@ -289,10 +289,11 @@ def run() -> None:
     tf_startup.use_system_allocator()  # freed tensors go back to the OS (docs/parallelism/remote.md)
 
     def _main(argv: list[str]) -> None:
-        # From here on the flags are parsed: a signal's line says whether a checkpoint was saved yet.
-        signals.install_for_binary("trainer", note=_checkpoint_note)
         # TensorFlow after the flags: a mistyped flag or --help answers without its seconds of import.
         tf_startup.import_tensorflow()
+        # From here on a signal's line says whether a checkpoint was saved yet (the note reads the
+        # logdir through the checkpointer, which must not be imported inside TensorFlow's import).
+        signals.install_for_binary("trainer", note=_checkpoint_note)
         try:
             sys.exit(main(argv))
         except UserError as e:
