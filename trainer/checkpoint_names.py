@@ -29,6 +29,7 @@ the variables' order, and the input position): the guard stops it in one line.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import tensorflow as tf
 
@@ -75,9 +76,9 @@ def inferred_levels(saved: Iterable[str], wanted: Iterable[str]) -> set[str]:
     return levels
 
 
-def saved_variables(path: str) -> dict[str, str]:
-    """{variable name: checkpoint key} of the task's variables in the checkpoint at ``path``."""
-    reader = tf.train.load_checkpoint(path)
+def saved_variables(reader: Any) -> dict[str, str]:
+    """{variable name: checkpoint key} of the task's variables in the checkpoint ``reader``
+    (``tf.train.load_checkpoint``) reads."""
     graph = tf_compat.checkpoint_object_graph(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return {
         a.full_name: a.checkpoint_key
@@ -118,8 +119,9 @@ def differences(task: tf.Module, path: str) -> list[str]:
     """What keeps the checkpoint at ``path`` from restoring into ``task`` by name: ``<name> added``
     (the task has it, the checkpoint not), ``<name> removed``, ``<name> [shape] -> [shape]``, names
     without the GPipe levels; [] when ``restore_by_name`` restores it."""
-    saved = saved_variables(path)
-    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    reader = tf.train.load_checkpoint(path)
+    saved = saved_variables(reader)
+    shapes = reader.get_variable_to_shape_map()
     own = task_levels(task)
     wanted = {drop_levels(name_of(v), own): v.shape.as_list() for v in task.variables}
     levels = inferred_levels(saved, wanted)
@@ -143,8 +145,8 @@ def shape_changes(saved: dict[str, list[int]], wanted: dict[str, list[int]]) -> 
 def restore_by_name(task: tf.Module, path: str) -> int:
     """Assigns every variable of ``task`` from the checkpoint at ``path``, matched by name (module
     doc); returns how many. ValueError when they do not match."""
-    pairs = match(task, saved_variables(path))
     reader = tf.train.load_checkpoint(path)
+    pairs = match(task, saved_variables(reader))
     values = {}
     for name, (v, key) in pairs.items():
         value = reader.get_tensor(key)

@@ -213,8 +213,7 @@ def run_worker(spec: dict) -> int:
     weights' bytes and the traced step's live-tensor peak; a worker of several sides (``--quick``:
     ``harness.interleaved``'s ``shared``) serves each side's step by name."""
     if "sides" in spec:
-        harness.configure(spec)  # the process's settings, before any side's (which may name fewer)
-        return harness.serve_sides(spec, {side: _step(s)[0] for side, s in spec["sides"].items()})
+        return harness.serve_sides(spec, lambda side: _step(side)[0])
     step, variables = _step(spec)
 
     def memory() -> dict:

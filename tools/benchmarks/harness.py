@@ -33,9 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------ worker
-def configure(spec: dict) -> Any:
-    """Sets the process up as ``spec`` says (CPUs, allocator, threads, logical devices), then imports
-    and returns TensorFlow. Call it first in a worker, before anything imports TensorFlow."""
+def prepare_process(spec: dict) -> None:
+    """What must be set before TensorFlow starts: CPU affinity, the allocator (BFC for a memory side,
+    malloc with ``system_allocator``), TensorFlow's log level."""
     if spec.get("cpus"):
         os.sched_setaffinity(0, set(spec["cpus"]))
     if spec.get("measure") == "memory":
@@ -45,6 +45,12 @@ def configure(spec: dict) -> Any:
 
         tf_startup.use_system_allocator()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def configure(spec: dict) -> Any:
+    """Sets the process up as ``spec`` says (CPUs, allocator, threads, logical devices), then imports
+    and returns TensorFlow. Call it first in a worker, before anything imports TensorFlow."""
+    prepare_process(spec)
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(spec.get("intra_op_threads", 0))
@@ -93,11 +99,13 @@ def serve(spec: dict, step: Callable[[], Any], memory: Callable[[], dict] | None
     return 0
 
 
-def serve_sides(spec: dict, steps: dict[str, Callable[[], Any]]) -> int:
-    """A timing worker of several sides (``spec["sides"]``, see ``interleaved``; build their steps
-    after ``configure(spec)``, since a side may name fewer settings): compiles each step and warms it
-    up, prints ``{"ready": true}``, then answers each ``step SIDE`` line on stdin with ``{"step_s":
-    seconds, "cpu_s": seconds}`` until stdin closes."""
+def serve_sides(spec: dict, build: Callable[[dict], Callable[[], Any]]) -> int:
+    """A timing worker of several sides (``spec["sides"]``, see ``interleaved``): sets the process up
+    by ``spec`` (a side may name fewer settings), builds each side's step (``build(side_spec)``),
+    compiles and warms it up, prints ``{"ready": true}``, then answers each ``step SIDE`` line on
+    stdin with ``{"step_s": seconds, "cpu_s": seconds}`` until stdin closes."""
+    configure(spec)
+    steps = {side: build(side_spec) for side, side_spec in spec["sides"].items()}
     for step in steps.values():
         for _ in range(1 + spec["warmup"]):
             step().numpy()

@@ -106,8 +106,7 @@ def run_worker(spec: dict) -> int:
     between steps; a worker of several sides (``--quick``: ``harness.interleaved``'s ``shared``) serves
     each side's step by name."""
     if "sides" in spec:
-        harness.configure(spec)  # the process's settings, before any side's (which may name fewer)
-        return harness.serve_sides(spec, {side: _setup(s)[0] for side, s in spec["sides"].items()})
+        return harness.serve_sides(spec, lambda side: _setup(side)[0])
     step, kept = _setup(spec)
     return harness.serve(spec, step, lambda: {"state_bytes": int(kept)})
 

@@ -78,13 +78,7 @@ STAGE_CPUS = ("own", "shared")
 # ------------------------------------------------------------------------------------------ workers
 def run_stage(spec: dict) -> int:
     """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes."""
-    if spec.get("cpus"):
-        os.sched_setaffinity(0, set(spec["cpus"]))
-    if spec.get("system_allocator"):
-        from trainer import tf_startup
-
-        tf_startup.use_system_allocator()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    harness.prepare_process(spec)  # its threads go in the server's config below
     import tensorflow as tf
 
     config = tf.compat.v1.ConfigProto(
