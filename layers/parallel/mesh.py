@@ -187,6 +187,15 @@ class DeviceMesh:
         rank = x.shape.rank
         return dtensor.copy_to_mesh(dtensor.relayout(x, self.replicated(rank)), dst.replicated(rank))
 
+    def split_batch(self, x: tf.Tensor, batch_dim: int) -> tf.Tensor:
+        """``x`` (on this mesh) with its ``batch_dim`` split over the axis the rules give ``batch``
+        (a data axis), the other dimensions replicated; ``x`` itself without such a rule."""
+        axis = self.rules.get("batch")
+        rank = x.shape.rank
+        if axis is None or rank is None or rank <= batch_dim:
+            return x
+        return dtensor.relayout(x, self.layout([axis if d == batch_dim else None for d in range(rank)]))
+
     def local_bytes(self, x: tf.Tensor | tf.Variable) -> int:
         """Bytes of one device's component (the largest one) of a DTensor or DVariable."""
         value = x.read_value() if isinstance(x, tf.Variable) else x

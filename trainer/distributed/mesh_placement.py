@@ -296,11 +296,13 @@ class StageMeshPlacement(MeshPlacement):
     def startup_line(self, step: TrainStep) -> str:
         """Per device: the bytes of the weights it holds (its slices), and an activation estimate:
         the pipeline inputs a stage keeps for its backward (one per micro-batch in flight, at most
-        all of them under fill-drain), replicated on each of its devices. Not counted: optimizer
-        slots (Adam: twice the weights), activations inside a stage (recomputed in its backward)."""
+        all of them under fill-drain), replicated on each of its devices (split over a data axis's
+        replicas). Not counted: optimizer slots (Adam: twice the weights), activations inside a stage
+        (recomputed in its backward)."""
         slices = weight_slices(step.task.trainable_variables)
         whole = sum(variable_bytes(v) for v in step.task.trainable_variables)
         m_count, micro = self.pipeline.micro_batch_input_bytes or (0, 0)
+        micro /= self.pipeline.stage_replicas
         devices = " ".join(
             f"{d}={sum(slices[d].values()) / 1e3:.1f}K" for d in sorted(slices, key=device_order)
         )

@@ -105,8 +105,10 @@ class PipelineExecutor:
         ctx: FPropContext,
         has_head: bool,
         meshes: list[Any] | None = None,
+        batch_dim: int = 0,
     ) -> None:
         self.path, self.schedule, self.stages, self.devices = path, schedule, stages, devices
+        self.batch_dim = batch_dim  # where a stage mesh's data axis splits the hand-offs
         self.remat, self.ctx, self.has_head = remat, ctx, has_head
         self.meshes = list(meshes or [])  # per schedule device, its stage mesh (pipeline x mesh)
         self.in_step = runs_forwards_after_backwards(schedule)
@@ -389,7 +391,8 @@ class _Step:
         src_mesh, dst_mesh = self._mesh(src), self._mesh(dst)
         if src_mesh is dst_mesh:
             return tf.identity(t)
-        return src_mesh.move_to(tf.convert_to_tensor(t), dst_mesh)
+        moved = src_mesh.move_to(tf.convert_to_tensor(t), dst_mesh)
+        return dst_mesh.split_batch(moved, self.ex.batch_dim)  # replicas keep their rows (a data axis)
 
     def _ctx(self, m: int) -> FPropContext:
         return self.ex.ctx.for_micro_batch(m)
@@ -575,46 +578,93 @@ def _scaled(g: Any, scale: Any) -> Any:
 
 
 # ------------------------------------------------------------------- ops with their own gradients
-def split_with_grad_on(device: str | None, x: tf.Tensor, num: int, axis: int) -> list[tf.Tensor]:
-    """``tf.split(x, num, axis)`` whose gradient (the parts' gradients concatenated) runs on
-    ``device``: the first stage's, not wherever the tape happens to be."""
+def split_with_grad_on(
+    device: str | None, x: tf.Tensor, num: int, axis: int, replicas: int = 1
+) -> list[tf.Tensor]:
+    """``num`` micro-batches of ``x`` along ``axis`` whose gradient (the parts' gradients joined)
+    runs on ``device``: the first stage's, not wherever the tape happens to be. With ``replicas``
+    (a stage mesh's data axis splits the batch), see ``micro_batches``."""
 
     @tf.custom_gradient
     def split(x: tf.Tensor) -> Any:
         def grad(*dys: Any) -> tf.Tensor:
             with on(device), tf.name_scope("split_micro_batches_grad"):
-                parts = tf.split(tf.zeros_like(x), num, axis=axis) if any(d is None for d in dys) else []
+                parts = (
+                    micro_batches(tf.zeros_like(x), num, axis, replicas)
+                    if any(d is None for d in dys)
+                    else []
+                )
                 dense = [tf.convert_to_tensor(d) if d is not None else parts[i] for i, d in enumerate(dys)]
-                return tf.concat(dense, axis=axis)
+                return joined_micro_batches(dense, axis, replicas)
 
-        return tf.split(x, num, axis=axis), grad
+        return micro_batches(x, num, axis, replicas), grad
 
     if not x.dtype.is_floating:
-        return tf.split(x, num, axis=axis)
+        return micro_batches(x, num, axis, replicas)
     return list(split(x))
 
 
-def concat_with_grad_on(device: str | None, parts: list[tf.Tensor], axis: int) -> tf.Tensor:
-    """``tf.concat(parts, axis)`` whose gradient (the output gradient split back into micro-batches)
-    runs on ``device``: the last stage's. The split sizes are static where the shapes are, so a
-    part's gradient does not wait for the other parts' forwards (1F1B relies on it)."""
+def concat_with_grad_on(
+    device: str | None, parts: list[tf.Tensor], axis: int, replicas: int = 1
+) -> tf.Tensor:
+    """The micro-batches ``parts`` joined along ``axis`` (``tf.concat``; with ``replicas``, the
+    inverse of ``micro_batches``), whose gradient (the output gradient split back into
+    micro-batches) runs on ``device``: the last stage's. The split sizes are static where the shapes
+    are, so a part's gradient does not wait for the other parts' forwards (1F1B relies on it)."""
     if not parts[0].dtype.is_floating:
-        return tf.concat(parts, axis=axis)
+        return joined_micro_batches(parts, axis, replicas)
 
     @tf.custom_gradient
     def concat(*parts: tf.Tensor) -> Any:
         def grad(dy: Any) -> list[tf.Tensor]:
             with on(device), tf.name_scope("join_micro_batches_grad"):
+                dy = tf.convert_to_tensor(dy)
+                if replicas > 1:
+                    return micro_batches(dy, len(parts), axis, replicas)
                 static = [p.shape[axis] if p.shape.rank is not None else None for p in parts]
                 if all(s is not None for s in static):
                     sizes = [int(s) for s in static]
                 else:
                     sizes = tf.stack([tf.shape(p)[axis] for p in parts])
-                return tf.split(tf.convert_to_tensor(dy), sizes, axis=axis, num=len(parts))
+                return tf.split(dy, sizes, axis=axis, num=len(parts))
 
-        return tf.concat(parts, axis=axis), grad
+        return joined_micro_batches(parts, axis, replicas), grad
 
     return concat(*parts)
+
+
+def micro_batches(x: tf.Tensor, num: int, axis: int, replicas: int = 1) -> list[tf.Tensor]:
+    """``x`` split into ``num`` equal micro-batches along ``axis``. One replica: consecutive rows
+    (``tf.split``). ``replicas`` R > 1 (a data axis of a stage mesh splits the batch into R
+    consecutive blocks, one per replica; DTensor cannot split along a split dimension): micro-batch
+    m takes the m-th of ``num`` consecutive slices of every replica's block, so each replica splits
+    only the rows it holds and a micro-batch is split over the replicas as the batch was. Every
+    row is in exactly one micro-batch, so sums over the batch are unchanged."""
+    if replicas == 1:
+        return tf.split(x, num, axis=axis)
+    shape = x.shape.as_list()
+    rows, rest = shape[axis], shape[axis + 1 :]
+    if rows is None or rows % (replicas * num) or any(d is None for d in shape):
+        raise ValueError(
+            f"a batch of {rows} rows does not split into {replicas} replicas x {num} micro-batches"
+        )
+    blocks = tf.reshape(x, shape[:axis] + [replicas, num, rows // (replicas * num)] + rest)
+    perm = list(range(len(shape) + 2))
+    perm[axis], perm[axis + 1] = axis + 1, axis
+    parts = tf.unstack(tf.transpose(blocks, perm), axis=axis)
+    return [tf.reshape(p, shape[:axis] + [rows // num] + rest) for p in parts]
+
+
+def joined_micro_batches(parts: list[tf.Tensor], axis: int, replicas: int = 1) -> tf.Tensor:
+    """The batch that ``micro_batches(..., replicas)`` split into ``parts``, rows in their order."""
+    if replicas == 1:
+        return tf.concat(parts, axis=axis)
+    shape = parts[0].shape.as_list()
+    num, rows, rest = len(parts), shape[axis], shape[axis + 1 :]
+    stacked = tf.reshape(tf.stack(parts, axis=axis), shape[:axis] + [num, replicas, rows // replicas] + rest)
+    perm = list(range(len(shape) + 2))
+    perm[axis], perm[axis + 1] = axis + 1, axis
+    return tf.reshape(tf.transpose(stacked, perm), shape[:axis] + [rows * num] + rest)
 
 
 # ------------------------------------------------------------------------- the weight gradient's cut

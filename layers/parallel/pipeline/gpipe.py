@@ -302,6 +302,7 @@ class GPipeLayer(BaseLayer):
         return self._checked(partition.input_spec, shape, self.params.input_dtype)
 
     def _resolve_devices(self, k: int) -> list[str | None]:
+        self._replicas = 1  # a stage mesh's data axis: the replicas each micro-batch is split over
         self._meshes = self._stage_meshes(k)
         if self._meshes:
             return [None] * k
@@ -353,12 +354,6 @@ class GPipeLayer(BaseLayer):
             raise ConfigError(
                 f"{self.path}: {str(e).replace('cluster.layout_rules', 'stage_layout_rules')}"
             ) from None
-        if batch_axis is not None:
-            raise ConfigError(
-                f"{self.path}: stage_layout_rules splits 'batch' over {batch_axis!r}: a data axis inside "
-                "a stage's mesh is not supported (TensorFlow 2.21's DTensor cannot split micro-batches "
-                "along a sharded batch); replicate the pipelined model with --mode=sync workers instead"
-            )
         try:
             meshes = [
                 mesh_lib.create_mesh(shape, names, rules, device_type, first_device=d * size)
@@ -367,6 +362,8 @@ class GPipeLayer(BaseLayer):
         except ConfigError as e:
             msg = str(e).replace("cluster.layout_rules", "stage_layout_rules")
             raise ConfigError(f"{self.path}: {msg}") from None
+        if batch_axis is not None:  # a data axis: each micro-batch split over its replicas
+            self._replicas = meshes[0].axis_sizes[batch_axis]
         if self.mesh is not None and self.mesh.mesh != meshes[0].mesh:
             # Built inside its first stage's mesh (a trainer's stage-mesh placement puts the layers
             # before the pipeline there) is fine; any other enclosing mesh is a second placement.
@@ -391,6 +388,11 @@ class GPipeLayer(BaseLayer):
     def stage_meshes(self) -> list[mesh_lib.DeviceMesh]:
         """Each schedule device's mesh (empty without stage_mesh_shape)."""
         return list(self._meshes)
+
+    @property
+    def stage_replicas(self) -> int:
+        """The replicas a stage mesh's data axis splits each micro-batch over (1: none)."""
+        return self._replicas
 
     @property
     def input_mesh(self) -> mesh_lib.DeviceMesh | None:
@@ -624,6 +626,7 @@ class GPipeLayer(BaseLayer):
                 ctx,
                 head is not None,
                 self._meshes,
+                self._batch_dim,
             )
             return executor(micro, structure, head_micro, head_structure)
         current = list(micro)
@@ -635,7 +638,9 @@ class GPipeLayer(BaseLayer):
                 with device_choice.on(self.stage_devices[k]), tf.name_scope(f"stage_{k}_micro_batch_{m}"):
                     if self._meshes and k:  # onto this stage's mesh
                         src, dst = (self._meshes[j % len(self._meshes)] for j in (k - 1, k))
-                        current[m] = [src.move_to(t, dst) for t in current[m]]
+                        current[m] = [
+                            dst.split_batch(src.move_to(t, dst), self._batch_dim) for t in current[m]
+                        ]
                     s_in = (structures[m], head_structure) if last else structures[m]
                     xs_in = current[m] + head_micro[m] if last else current[m]
                     y = fn(ctx.for_micro_batch(m), tf.nest.pack_sequence_as(s_in, xs_in))
@@ -653,7 +658,9 @@ class GPipeLayer(BaseLayer):
                     f"{self._batch_dim} to concatenate micro-batches along"
                 )
             parts = [out[i] for out in outputs]
-            joined.append(stage_ops.concat_with_grad_on(self._devices[-1], parts, self._batch_dim))
+            joined.append(
+                stage_ops.concat_with_grad_on(self._devices[-1], parts, self._batch_dim, self._replicas)
+            )
         return joined
 
     def _split(
@@ -668,7 +675,8 @@ class GPipeLayer(BaseLayer):
             m_count = m_count or self.num_micro_batches_for(batch)
             if m_count == 1:
                 return [list(flat)]
-            parts = [stage_ops.split_with_grad_on(device, t, m_count, bd) for t in flat]
+            self._check_replicas(batch, m_count)
+            parts = [stage_ops.split_with_grad_on(device, t, m_count, bd, self._replicas) for t in flat]
             return [[p[m] for p in parts] for m in range(m_count)]
         size = flat[0].shape[bd]
         if m_count is None and not self._micro_batch_size:
@@ -677,11 +685,26 @@ class GPipeLayer(BaseLayer):
             m_count = 1 if size is None else max(1, -(-int(size) // self._micro_batch_size))
         if m_count == 1:
             return [list(flat)]
+        if self._replicas > 1:  # the rows each replica holds, split in place
+            self._check_replicas(None if size is None else int(size), m_count)
+            return [
+                list(p) for p in zip(*(stage_ops.micro_batches(t, m_count, bd, self._replicas) for t in flat))
+            ]
         total = tf.shape(flat[0])[bd] if size is None else int(size)
         sizes = [(total + m_count - 1 - m) // m_count for m in range(m_count)]
         sizes = tf.stack(sizes) if size is None else sizes
         parts = [tf.split(t, sizes, axis=bd, num=m_count) for t in flat]
         return [[p[m] for p in parts] for m in range(m_count)]
+
+    def _check_replicas(self, batch: int | None, m_count: int) -> None:
+        """A stage mesh's data axis splits each micro-batch over its replicas: the batch must be a
+        known multiple of replicas x micro-batches."""
+        if self._replicas > 1 and (batch is None or batch % (self._replicas * m_count)):
+            raise ConfigError(
+                f"{self.path}: a batch of {batch} rows does not split into {m_count} micro-batches "
+                f"(num_micro_batches) x {self._replicas} replicas (the data axis of stage_mesh_shape); "
+                f"make the batch size a multiple of {self._replicas * m_count}"
+            )
 
     def _static_batch(self, flat: list[tf.Tensor]) -> int:
         sizes = set()

@@ -230,7 +230,9 @@ class StageMeshTransformerLM(TransformerLM):
     """TransformerLM as a GPipe pipeline whose stages each carry a DTensor mesh of their own
     (pipeline x mesh): ``num_stages`` stages x a ``stage_mesh_size``-way ``model`` mesh each on as many
     logical CPU devices (4 by default: stage k on devices 2k, 2k+1), feed-forward hidden units, heads
-    and vocabulary split over each stage's mesh (docs/parallelism/compose.md).
+    and vocabulary split over each stage's mesh (docs/parallelism/compose.md). ``stage_replicas`` R > 1
+    adds a ``data`` axis to every stage's mesh (pipeline x mesh x data: R x ``stage_mesh_size``
+    devices a stage, each micro-batch's rows split over the R replicas).
 
     The embedding sits on the first stage's mesh, the final norm and the (untied) softmax on the
     last's; q/k/v are separate projections (fused_qkv with ``heads:model`` fails DTensor's SPMD on
@@ -245,6 +247,7 @@ class StageMeshTransformerLM(TransformerLM):
         self,
         num_stages: int = 2,
         stage_mesh_size: int = 2,
+        stage_replicas: int = 1,
         num_micro_batches: int = 2,
         schedule: str = "fill_drain",
         stage_layout_rules: str = "hidden:model;heads:model;vocab:model",
@@ -252,10 +255,13 @@ class StageMeshTransformerLM(TransformerLM):
         **kwargs,
     ) -> None:
         super().__init__(num_layers=num_layers, **kwargs)
-        if num_stages < 0 or stage_mesh_size < 1:
-            raise ConfigError("StageMeshTransformerLM: need num_stages >= 0 and stage_mesh_size >= 1")
+        if num_stages < 0 or stage_mesh_size < 1 or stage_replicas < 1:
+            raise ConfigError(
+                "StageMeshTransformerLM: need num_stages >= 0, stage_mesh_size >= 1 and stage_replicas >= 1"
+            )
         self.num_stages = num_stages
         self.stage_mesh_size = stage_mesh_size
+        self.stage_replicas = stage_replicas
         self.num_micro_batches = num_micro_batches
         self.schedule = schedule
         self.stage_layout_rules = stage_layout_rules
@@ -272,13 +278,19 @@ class StageMeshTransformerLM(TransformerLM):
                 num_micro_batches=self.num_micro_batches,
                 schedule=self.schedule,
             )
-            if self.stage_mesh_size > 1:
+            axes = [("data", self.stage_replicas), ("model", self.stage_mesh_size)]
+            axes = [(name, size) for name, size in axes if size > 1]
+            if axes:
+                rules = self.stage_layout_rules if self.stage_mesh_size > 1 else ""
+                if self.stage_replicas > 1:
+                    rules = ";".join(r for r in ("batch:data", rules) if r)
                 p.stack.pipeline.set(
-                    stage_mesh_shape=[self.stage_mesh_size],
-                    stage_mesh_axis_names=["model"],
-                    stage_layout_rules=self.stage_layout_rules,
+                    stage_mesh_shape=[size for _, size in axes],
+                    stage_mesh_axis_names=[name for name, _ in axes],
+                    stage_layout_rules=rules,
                 )
         return p
 
     def cluster(self) -> Params:
-        return cluster_params().set(num_logical_cpu_devices=max(self.num_stages, 1) * self.stage_mesh_size)
+        per_stage = self.stage_mesh_size * self.stage_replicas
+        return cluster_params().set(num_logical_cpu_devices=max(self.num_stages, 1) * per_stage)

@@ -52,9 +52,8 @@ def _pipeline(schedule: str = "fill_drain", layers=None, **kwargs) -> gpipe.GPip
             name="net",
             layers=layers or _layers(),
             num_stages=2,
-            num_micro_batches=2,
             schedule=schedule,
-            **settings,
+            **{"num_micro_batches": 2, **settings},
         )
         .instantiate()
     )
@@ -136,6 +135,38 @@ def test_pipeline_by_mesh_trains_like_the_plain_stack(schedule):
     _assert_trains_like(got, _train(plain, tf.constant(x), tf.constant(y), False))
 
 
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
+def test_a_data_axis_splits_each_micro_batch_over_its_replicas(schedule):
+    """Pipeline x data: each stage's mesh is a 2-way ``data`` axis; the batch arrives split over it,
+    each replica splits its own rows into micro-batches (DTensor cannot split a split dimension), and
+    training and inference (rows in their order) equal the plain stack's."""
+    x, y = _data()
+    pipe = _pipeline(schedule, stage_mesh_axis_names=["data"], stage_layout_rules="batch:data")
+    assert pipe.stage_replicas == 2
+    got = _train(
+        pipe,
+        pipe.input_mesh.to_layout(x, ["data", None]),
+        pipe.output_mesh.to_layout(y, ["data", None]),
+        True,
+    )
+    plain = core.SequentialLayer.Params().set(name="net", sub=_layers()).instantiate()
+    _assert_trains_like(got, _train(plain, tf.constant(x), tf.constant(y), False))
+    ctx = FPropContext(training=False)
+    inferred = tf.function(lambda t: pipe(ctx, t))(pipe.input_mesh.to_layout(x, ["data", None]))
+    np.testing.assert_allclose(_whole(inferred), plain(ctx, tf.constant(x)).numpy(), atol=TOL)
+
+
+def test_a_batch_that_does_not_split_over_replicas_and_micro_batches_is_one_line():
+    x, y = _data()
+    pipe = _pipeline(stage_mesh_axis_names=["data"], stage_layout_rules="batch:data", num_micro_batches=BATCH)
+    with pytest.raises(ConfigError) as info:
+        pipe(FPropContext(training=True), pipe.input_mesh.to_layout(x, [None, None]))
+    message = str(info.value)
+    assert "\n" not in message
+    for word in ["8 rows", "8 micro-batches (num_micro_batches)", "2 replicas", "multiple of 16"]:
+        assert word in message, message
+
+
 def test_each_stage_shards_its_weights_on_its_own_devices():
     pipe = _pipeline()
     devices = [d.name.split("/device:")[-1] for d in tf.config.list_logical_devices("CPU")]
@@ -181,11 +212,6 @@ def test_inference_equals_the_plain_stack():
         ),
         ({}, _layers(hidden=5), ["net/fc0", "weight 'w'", "size 5", "not divisible", "'model'"]),
         (dict(devices=["/cpu:0", "/cpu:1"]), None, ["params.devices", "stage_mesh_shape"]),
-        (
-            dict(stage_mesh_axis_names=["data"], stage_layout_rules="batch:data"),
-            None,
-            ["stage_layout_rules", "'batch'", "--mode=sync"],
-        ),
         (dict(stage_layout_rules="hidden:data"), None, ["stage_layout_rules", "'data'", "not a mesh axis"]),
     ],
 )
