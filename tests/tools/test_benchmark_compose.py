@@ -12,11 +12,11 @@ from tools.benchmarks import compose
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_combinations_fit_the_devices_and_replicate_only_unpipelined_models():
+def test_combinations_fit_the_devices():
     combos = compose.combinations(4)
-    assert (1, 1, 1) == combos[0] and (2, 2, 1) in combos and (1, 2, 2) in combos
+    assert (1, 1, 1) == combos[0] and (2, 2, 1) in combos and (1, 2, 2) in combos and (2, 1, 2) in combos
     assert all(k * n * r <= 4 for k, n, r in combos)
-    assert not [c for c in combos if c[0] > 1 and c[2] > 1]
+    assert (2, 2, 2) in compose.combinations(8)
 
 
 @pytest.mark.slow
@@ -41,3 +41,4 @@ def test_quick_run_prints_two_lines_per_combination():
     assert ratios[(1, 1, 1)] == 1.0
     assert ratios[(2, 2, 1)] <= 0.27  # each stage holds half the layers, each weight split in two
     assert ratios[(1, 2, 2)] == ratios[(1, 2, 1)]  # replicas hold copies
+    assert ratios[(2, 1, 2)] == ratios[(2, 1, 1)]

@@ -1,11 +1,12 @@
 """Pipeline x mesh x replicas: ``python -m tools.benchmark compose [--quick]``.
 
 One model, a stack of Megatron pairs (``embed -> hidden`` column-split, ``hidden -> embed``
-row-split, with ``hidden:model`` rules), trained with SGD on the machine's logical CPU devices (4,
-set before TensorFlow starts) in every combination of pipeline K (GPipe stages), mesh N (a model axis
-of N devices per stage) and replicas R (a data axis of R devices per stage, the batch split over it)
-with K * N * R <= the devices. K > 1 with N * R > 1 is a GPipe whose stages each carry a mesh of
-their own (``GPipeLayer.stage_mesh_shape``); K = 1 is the stack on one [R, N] mesh; K > 1 alone is
+row-split, with ``hidden:model`` rules), trained with SGD on ``--devices`` logical CPU devices (4,
+set before TensorFlow starts; 8 adds pipeline 2 x mesh 2 x replicas 2) in every combination of
+pipeline K (GPipe stages), mesh N (a model axis of N devices per stage) and replicas R (a data axis
+of R devices per stage, the batch split over it) with K * N * R <= the devices. K > 1 with N * R > 1
+is a GPipe whose stages each carry a mesh of their own (``GPipeLayer.stage_mesh_shape``; R > 1:
+each micro-batch split over the data axis); K = 1 is the stack on one [R, N] mesh; K > 1 alone is
 one device per stage. Per combination, two JSON lines:
 
 - ``param_bytes_ratio``: the parameter bytes of the device that holds the most (each variable's
@@ -60,16 +61,9 @@ def _mesh_args(n: int, r: int) -> tuple[list[int], list[str], str]:
 
 
 def combinations(devices: int = DEVICES) -> list[tuple[int, int, int]]:
-    """Every (K, N, R) of powers of two whose product fits the devices; replicas only of an unpipelined
-    model (GPipe refuses a data axis in its stage meshes; --mode=sync replicates a pipeline)."""
+    """Every (K, N, R) of powers of two whose product fits the devices."""
     sizes = [s for s in (1, 2, 4, 8) if s <= devices]
-    return [
-        (k, n, r)
-        for k in sizes
-        for n in sizes
-        for r in sizes
-        if k * n * r <= devices and (k == 1 or r == 1)  # a data axis in a stage mesh is refused
-    ]
+    return [(k, n, r) for k in sizes for n in sizes for r in sizes if k * n * r <= devices]
 
 
 def measure(k: int, n: int, r: int, size: dict, steps: int) -> dict:
@@ -150,6 +144,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dim", type=int, default=256, help="Model width (hidden is 4x).")
     parser.add_argument("--pairs", type=int, default=4, help="Megatron pairs of projections.")
     parser.add_argument("--batch", type=int, default=64, help="Global batch.")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=DEVICES,
+        help="Logical CPU devices (8: pipeline 2 x mesh 2 x replicas 2 too).",
+    )
     args = parser.parse_args(argv[1:])
     harness.configure(
         {
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
             "measure": "time",
             "intra_op_threads": 0,
             "inter_op_threads": 0,
-            "logical_devices": DEVICES,
+            "logical_devices": args.devices,
         }
     )
     # Pipeline 2 x mesh 2 at the default size hung in TensorFlow 2.21's DTensor until its all-reduce
@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
         size = {"dim": 32, "pairs": 2, "batch": 16}
     steps = 2 if args.quick else 5
     whole = None
-    for k, n, r in combinations():
+    for k, n, r in combinations(args.devices):
         got = measure(k, n, r, size, steps)
         if whole is None:  # (1, 1, 1) comes first: the unsharded model
             whole = got["param_bytes"]
