@@ -3,12 +3,14 @@ experiment unpipelined and unsharded (``num_stages = 0``), from the same initial
 batches, with SGD and the global-norm clipping of the experiment's learner: shared by the
 pipeline x mesh tests, and run as a program for the combinations that need more logical devices than
 a test process has (``python -m tests.trainer.distributed.stage_mesh_training DEVICES SCHEDULES
-[KNOB ...]``: one JSON line per schedule)."""
+[KNOB ...]``: one JSON line per schedule, with the difference of its checkpoint restored into the
+unpipelined model)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 
 import gin
 import numpy as np
@@ -92,6 +94,19 @@ def difference(staged, want: dict[str, np.ndarray]) -> float:
     return max(float(np.max(np.abs(whole(v) - want[key(v)]))) for v in staged.task.trainable_variables)
 
 
+def restored_unpipelined(staged, directory: str) -> dict[str, np.ndarray]:
+    """``staged``'s checkpoint (the trainer's, the plain format) restored into the same experiment
+    unpipelined (``num_stages = 0``), matched by the variables' names: its weights by key."""
+    from params import experiment
+    from trainer import checkpointer
+    from trainer.distributed import mesh_placement
+
+    path = mesh_placement.make_checkpointer(directory, 1, staged).save(STEPS)
+    unpipelined = experiment.task_params_for(root("num_stages = 0"), "dev").instantiate()
+    checkpointer.restore_task(unpipelined, path)
+    return {key(v): v.numpy() for v in unpipelined.trainable_variables}
+
+
 def main(argv: list[str]) -> int:
     import tensorflow as tf
 
@@ -110,6 +125,8 @@ def main(argv: list[str]) -> int:
     moved = max(float(np.max(np.abs(want[k] - start[k]))) for k in want)
     for schedule, staged in staged_steps:
         loss = train(staged)
+        with tempfile.TemporaryDirectory() as tmp:
+            restored = restored_unpipelined(staged, tmp)
         line = {
             "schedule": schedule,
             "placement": type(staged.placement).__name__,
@@ -118,6 +135,7 @@ def main(argv: list[str]) -> int:
             "plain_loss": plain_loss,
             "weight_difference": difference(staged, want),
             "moved": moved,
+            "restored_difference": max(float(np.max(np.abs(restored[k] - want[k]))) for k in want),
         }
         print(json.dumps(line), flush=True)
     return 0

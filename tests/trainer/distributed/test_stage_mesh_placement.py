@@ -90,7 +90,8 @@ def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
 
 def test_pipeline_by_mesh_by_data_on_eight_devices_trains_like_the_plain_model():
     """2 stages x a 2 x 2 (data x model) mesh each, on 8 logical devices (a fresh process: a test
-    process has 4): every micro-batch split over the data axis's 2 replicas, fill-drain and 1F1B."""
+    process has 4): every micro-batch split over the data axis's 2 replicas, fill-drain and 1F1B;
+    each run's checkpoint restores into the unpipelined model."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
     env.pop(mesh_lib.COMBINE_ALL_REDUCES_ENV, None)  # the child sets it itself
     run = subprocess.run(
@@ -108,3 +109,4 @@ def test_pipeline_by_mesh_by_data_on_eight_devices_trains_like_the_plain_model()
         assert "<= 2 micro-batches x 1.1K" in x["startup_line"], x  # half of each stage input a device
         assert abs(x["loss"] - x["plain_loss"]) <= TOL, x
         assert x["weight_difference"] <= TOL < x["moved"], x
+        assert x["restored_difference"] <= TOL, x  # its checkpoint, into the unpipelined model by name
