@@ -77,7 +77,11 @@ STAGE_CPUS = ("own", "shared")
 
 # ------------------------------------------------------------------------------------------ workers
 def run_stage(spec: dict) -> int:
-    """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes."""
+    """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes. Meanwhile
+    it answers each ``reset`` line (its allocator's peak restarts) and each ``peak`` line with a JSON
+    line ``{"peak_bytes": ..., "current_bytes": ...}`` of ``tf.config.experimental.get_memory_info``
+    (meaningful under the BFC allocator, ``spec["measure"] = "memory"``): the client cannot ask another
+    process's allocator. The server's devices and this process's ``CPU:0`` share the one CPU allocator."""
     harness.prepare_process(spec)  # its threads go in the server's config below
     import tensorflow as tf
 
@@ -88,18 +92,31 @@ def run_stage(spec: dict) -> int:
     cluster = tf.train.ClusterSpec({"worker": spec["addresses"]})
     server = tf.distribute.Server(cluster, job_name="worker", task_index=spec["task"], config=config)
     print(json.dumps({"ready": True, "target": server.target}), flush=True)
-    sys.stdin.read()  # the driver closes it: then this process ends
+    for line in sys.stdin:  # the driver closes it: then this process ends
+        word = line.strip()
+        if word == "reset":
+            tf.config.experimental.reset_memory_stats("CPU:0")
+        if word in ("reset", "peak"):
+            info = tf.config.experimental.get_memory_info("CPU:0")
+            print(json.dumps({"peak_bytes": info["peak"], "current_bytes": info["current"]}), flush=True)
     return 0
 
 
-def _client_step(spec: dict) -> tuple[Any, Any]:
-    """The client's compiled step over the stage processes (gpipe.py's model and head)."""
+def connect(spec: dict) -> list[str]:
+    """Sets the client process up (``harness.configure``) and connects it to the stage processes at
+    ``spec["addresses"]``; returns their devices, stage k's first."""
     tf = harness.configure(spec)
-    from layers.base_layer import FPropContext
-
     cluster = tf.train.ClusterSpec({"worker": spec["addresses"]})
     tf.config.experimental_connect_to_cluster(cluster, make_master_device_default=False)
-    devices = [f"/job:worker/replica:0/task:{k}/device:CPU:0" for k in range(spec["stages"])]
+    return [f"/job:worker/replica:0/task:{k}/device:CPU:0" for k in range(len(spec["addresses"]))]
+
+
+def client_step(spec: dict, devices: list[str]) -> tuple[Any, Any]:
+    """The client's compiled step over the stage processes' ``devices`` (gpipe.py's model and head,
+    ``spec["schedule"]`` and ``spec["virtual_stages"]`` if given: device d runs stages d, d + K, ...)."""
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
     from layers.parallel import device_choice as pipeline_devices
 
     with pipeline_devices.parts_on(devices, "the benchmark's stage processes"):
@@ -130,15 +147,17 @@ def _client_step(spec: dict) -> tuple[Any, Any]:
 
 
 def run_client(spec: dict) -> int:
-    step, _ = _client_step(spec)
+    step, _ = client_step(spec, connect(spec))
     return harness.serve(spec, step)
 
 
 # ------------------------------------------------------------------------------------------ driver
 class Pipeline:
-    """K stage processes (one core each) and the client worker, on free loopback ports."""
+    """K stage processes (one core each) and the client worker (``tools.benchmarks.<client>``'s, a
+    ``harness.Worker``), on free loopback ports. With ``spec["stage_peaks"]`` the stage processes take
+    their tensors from the BFC allocator and answer ``peaks``' requests."""
 
-    def __init__(self, spec: dict, cpus: list[int]) -> None:
+    def __init__(self, spec: dict, cpus: list[int], client: str = NAME) -> None:
         from tools.local_cluster import HOST, free_ports
 
         k = spec["stages"]
@@ -153,6 +172,7 @@ class Pipeline:
                     "intra_op_threads": 1,
                     "inter_op_threads": 2,
                     "system_allocator": spec.get("system_allocator", False),
+                    "measure": "memory" if spec.get("stage_peaks") else "time",
                 }
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.remote", f"--stage={json.dumps(stage)}"],
@@ -167,10 +187,24 @@ class Pipeline:
                 line = proc.stdout.readline()
                 if not line.startswith("{"):
                     raise RuntimeError(f"a stage process failed to start ({proc.poll()})")
-            self.client = harness.Worker(NAME, {**spec, "addresses": addresses, "client": True})
+            self.client = harness.Worker(client, {**spec, "addresses": addresses, "client": True})
         except BaseException:
             self.close()
             raise
+
+    def ask_stages(self, line: str) -> list[dict]:
+        """Sends ``line`` (``reset`` or ``peak``) to every stage process; returns their answers, stage
+        0's first: ``{"peak_bytes": ..., "current_bytes": ...}`` of each one's allocator."""
+        for proc in self.stages:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        answers = []
+        for proc in self.stages:
+            answer = proc.stdout.readline()
+            if not answer.startswith("{"):
+                raise RuntimeError(f"a stage process did not answer {line!r} ({proc.poll()})")
+            answers.append(json.loads(answer))
+        return answers
 
     def stage_cpu_seconds(self) -> list[float]:
         """Each stage process's CPU seconds so far (user and system, from /proc/<pid>/stat)."""

@@ -61,7 +61,7 @@ import statistics
 import sys
 from typing import Any
 
-from tools.benchmarks import gpipe, harness
+from tools.benchmarks import gpipe, harness, remote
 
 NUM_DEVICES, NUM_MICRO_BATCHES = 2, 8
 QUICK_MICRO_BATCHES = 4  # --quick: every schedule still has a steady phase at K=2, in half the graph
@@ -79,6 +79,10 @@ COST_STEPS = ("forward", "input", "gradients")
 # here from one step to the next): the median of this many steps' peaks counts, for every schedule.
 PEAK_STEPS = 5
 TARGET_ERROR = 0.15
+DEVICES = ("processes", "logical")
+# --devices=processes: a hand-off's cost is a chain of this many hops of a micro-batch's activation
+# between the two stage processes, less the same chain kept in stage 0's process, over the hops.
+HANDOFF_HOPS = 16
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -137,15 +141,62 @@ def _steps(spec: dict) -> dict[str, Any]:
     return steps
 
 
+def _handoff_steps(spec: dict, devices: list[str]) -> dict[str, Any]:
+    """Two compiled steps of ``HANDOFF_HOPS`` multiplications each, by a scalar variable of the device
+    that runs it, of a micro-batch's activation (``batch / micro_batches`` rows of ``width``) that
+    starts on ``devices[0]``: ``handoff_moving`` runs them on devices 1, 0, 1, ..., 0 in turn (every
+    hop a hand-off between the stage processes), ``handoff_staying`` all on device 0; their difference
+    over the hops is a hand-off's cost. (A variable's scale: nothing for Grappler to fold away.)"""
+    import tensorflow as tf
+
+    rows = spec["batch"] // spec["micro_batches"]
+    with tf.device(devices[0]):
+        x = tf.Variable(tf.random.stateless_normal([rows, spec["width"]], [5, 6]))
+    scales = []
+    for device in devices[:2]:
+        with tf.device(device):
+            scales.append(tf.Variable(1.0))
+
+    def chain(moving: bool) -> Any:
+        @tf.function(autograph=False)
+        def step() -> tf.Tensor:
+            y = x.read_value()
+            for hop in range(HANDOFF_HOPS):
+                d = (hop + 1) % 2 if moving else 0
+                with tf.device(devices[d]):
+                    y = y * scales[d]
+            with tf.device(devices[0]):
+                return tf.reduce_sum(y[:1])
+
+        return step
+
+    return {"handoff_moving": chain(True), "handoff_staying": chain(False)}
+
+
+def _client_steps(spec: dict) -> dict[str, Any]:
+    """The client's compiled steps over the stage processes (``--devices=processes``): each schedule's
+    training step, the two hand-off steps, and with ``units`` (``--quick``) the unit costs too, run in
+    the client's own process."""
+    devices = remote.connect(spec)
+    steps = {
+        name: remote.client_step({**spec, "schedule": name, "virtual_stages": v}, devices)[0]
+        for name, v in spec["schedules"]
+    }
+    steps.update(_handoff_steps(spec, devices))
+    for name, unit in spec.get("units", {}).items():
+        steps[name] = _cost_step({**spec, **unit})
+    return steps
+
+
 def run_worker(spec: dict) -> int:
     """Builds every step (compiling each, then ``warmup`` more calls); a memory worker prints each
     schedule's peak and resident bytes, a timing worker answers each
     ``step NAME`` line on stdin with ``{"step_s": seconds}`` until stdin closes. A timing worker with
     ``peaks`` (``--quick``) also measures the peaks, as the memory worker would (after at least one
     more call of each step), and gives them in its ready line."""
-    if spec.get("peaks"):
+    if spec.get("peaks") or spec.get("bfc"):
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow starts (_steps)
-    steps = _steps(spec)
+    steps = _client_steps(spec) if spec.get("client") else _steps(spec)
     for step in steps.values():
         for _ in range(1 + spec["warmup"]):
             step().numpy()
@@ -207,6 +258,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default=PEAK_STEPS,
         help="Steps whose allocator peak is read per schedule (in rounds); the median counts.",
     )
+    parser.add_argument(
+        "--devices",
+        choices=DEVICES,
+        default="processes",
+        help="What a schedule device is: processes (default: a tf.distribute.Server process per device, "
+        "each pinned to its own core, 1 intra-op and 2 inter-op threads, driven by a client process; "
+        "peaks per device, the largest counts) or logical (two logical CPU devices of one process "
+        "sharing 2 cores; peaks of both devices together).",
+    )
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
     if args.quick:
@@ -240,11 +300,10 @@ def _total_held_peak(
     return peak
 
 
-def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
-    """Every side: the schedules' steps and peaks, the units' costs and held bytes. Three workers:
-    the pipelines (2 cores), the unit costs (1 core), the peaks (the BFC allocator)."""
+def _units(args: argparse.Namespace) -> tuple[dict[str, dict], list[int]]:
+    """The unit cost steps (``cost_<depth>_<step>``) of every stage size the schedules cut, and those
+    sizes (layers per stage), smallest first."""
     k, m = NUM_DEVICES, args.micro_batches
-    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
     chunks = sorted({args.depth // (k * v) for _, v in SCHEDULES})
     unit_batch = args.batch // m
     units = {
@@ -257,6 +316,22 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
         for depth in chunks
         for step in COST_STEPS
     }
+    return units, chunks
+
+
+def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side, on the devices ``--devices`` names."""
+    if args.devices == "logical":
+        return _measure_logical(args, cpus)
+    return _measure_processes(args, cpus)
+
+
+def _measure_logical(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side: the schedules' steps and peaks, the units' costs and held bytes. Three workers:
+    the pipelines (2 cores), the unit costs (1 core), the peaks (the BFC allocator)."""
+    k, m = NUM_DEVICES, args.micro_batches
+    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
+    units, chunks = _units(args)
     pipelines = {
         **model, "side": "pipelines", "depth": args.depth, "batch": args.batch, "stages": k,
         "micro_batches": m, "remat": "never", "schedules": SCHEDULES, "cpus": cpus[:2],
@@ -296,6 +371,64 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     return {"times": best, "peaks": peaks, "chunks": chunks}
 
 
+def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side with each schedule device a stage process of its own (``remote.Pipeline``: pinned to
+    its own core, 1 intra-op and 2 inter-op threads, the BFC allocator) and a client process driving
+    the six schedules' steps and the hand-off steps; a worker for the unit costs (1 core, the BFC
+    allocator too); under ``--quick`` the client times the unit costs itself. Then ``--peak_steps``
+    rounds of every schedule's step, each stage process's allocator reset before it and read after."""
+    k, m = NUM_DEVICES, args.micro_batches
+    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
+    units, chunks = _units(args)
+    client = {
+        **model, "depth": args.depth, "batch": args.batch, "stages": k, "micro_batches": m,
+        "remat": "never", "schedules": SCHEDULES, "cpus": cpus[:2], "intra_op_threads": 1,
+        "inter_op_threads": 2, "measure": "time", "stage_peaks": True, "stage_cpus": "own",
+    }  # fmt: skip
+    costs = {
+        **model, "side": "costs", "units": units, "cpus": cpus[:1], "intra_op_threads": 1,
+        "inter_op_threads": 1, "measure": "time", "bfc": True,
+    }  # fmt: skip
+    if args.quick:  # a smoke test: the client times the units too (one TensorFlow start less)
+        client["units"] = units
+    if args.verbose:
+        print(f"schedules benchmark: {json.dumps([client, costs], sort_keys=True)}", file=sys.stderr)
+    times: dict[str, list[float]] = {}
+    held: dict[str, list[list[int]]] = {name: [] for name, _ in SCHEDULES}
+    peaks: dict[str, dict] = {}
+    pipeline = remote.Pipeline(client, cpus, client="schedules")
+    workers = {"client": pipeline.client}
+    try:
+        if not args.quick:
+            workers["costs"] = harness.Worker("schedules", costs)
+        for worker in workers.values():
+            worker.read()  # ready
+        names = [(pipeline.client, name) for name, _ in SCHEDULES]
+        names += [(pipeline.client, "handoff_moving"), (pipeline.client, "handoff_staying")]
+        names += [(workers.get("costs", pipeline.client), name) for name in units]
+        for _ in range(args.steps):  # alternating rounds: every side sees the same load
+            for worker, name in names:
+                times.setdefault(name, []).append(worker.ask(f"step {name}")["step_s"])
+        for _ in range(args.peak_steps):  # rounds: every schedule's step in turn
+            for name, _ in SCHEDULES:
+                before = pipeline.ask_stages("reset")
+                pipeline.client.ask(f"step {name}")
+                after = pipeline.ask_stages("peak")
+                held[name].append([a["peak_bytes"] - b["current_bytes"] for a, b in zip(after, before)])
+                peaks[name] = {
+                    "peak_bytes": [a["peak_bytes"] for a in after],
+                    "resident_bytes": [b["current_bytes"] for b in before],
+                }
+    finally:
+        if "costs" in workers:
+            workers["costs"].close()
+        pipeline.close()
+    for name, steps in held.items():
+        peaks[name]["held_bytes"] = steps
+    best = {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
+    return {"times": best, "peaks": peaks, "chunks": chunks}
+
+
 def held_bytes(depth: int, rows: int, width: int) -> int:
     """What one (stage, micro-batch) of ``depth`` dense layers keeps for its backward: the stage's
     input and each layer's output (float32), which the weight gradient of the next layer and the relu's
@@ -325,14 +458,77 @@ def sums_bytes(depth: int, width: int) -> int:
     return depth * (width * width + width) * 4
 
 
+def received_held_changes(
+    evs: Any, boundary: float, transfer: float
+) -> list[list[tuple[float, float]]]:
+    """Per device, (time, change) of what it holds beyond ``held_over_time`` when the hand-offs are
+    copies between processes: a stage's input (``boundary`` bytes, a micro-batch's activation, counted
+    from the stage's forward by ``held_bytes``) is received, so held, from the sender's forward's end
+    plus ``transfer`` (a receive waits for nothing on its own device; TensorFlow starts it with the
+    step) to that forward's start; and the gradient for a stage's output (``boundary`` bytes) from the
+    next stage's B (or I) end plus ``transfer`` to the end of the stage's own B (or I), which reads
+    it. Hand-offs within a device (an interleaved stage to the next on the same device: none at K=2)
+    are not copies."""
+    from layers.parallel.pipeline import schedule as schedules
+
+    rows = max(e.row for e in evs) + 1
+    unit = {(e.stage, e.micro_batch, e.kind): e for e in evs}
+    changes: list[list[tuple[float, float]]] = [[] for _ in range(rows)]
+    for e in evs:
+        if e.stage == 0:
+            continue
+        if e.kind == schedules.FORWARD:
+            sender = unit[(e.stage - 1, e.micro_batch, schedules.FORWARD)]
+            if sender.row != e.row:
+                changes[e.row] += [(sender.end + transfer, boundary), (e.start, -boundary)]
+        if e.kind in (schedules.BACKWARD, schedules.BACKWARD_INPUT):
+            receiver = unit.get((e.stage - 1, e.micro_batch, e.kind))
+            if receiver is not None and receiver.row != e.row:
+                changes[receiver.row] += [(e.end + transfer, boundary), (receiver.end, -boundary)]
+    return changes
+
+
+def process_peaks(
+    evs: Any,
+    weights: tuple[list[float], list[float], list[float]],
+    boundary: float,
+    transfer: float,
+) -> list[float]:
+    """Per device, the most bytes held at once (``held_over_time`` with ``weights``: held, after I,
+    sums) with the hand-offs' received copies (``received_held_changes``)."""
+    from layers.parallel.pipeline import schedule as schedules
+
+    extra = received_held_changes(evs, boundary, transfer)
+    out = []
+    for row, steps in enumerate(schedules.held_over_time(evs, *weights)):
+        changes, previous = list(extra[row]) if row < len(extra) else [], 0.0
+        for t, level in steps:
+            changes.append((t, level - previous))
+            previous = level
+        level, peak = 0.0, 0.0
+        for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # a release before an acquire
+            level += delta
+            peak = max(peak, level)
+        out.append(peak)
+    return out
+
+
 def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """One figure per schedule (the fields of its JSON line, without the load average)."""
     from layers.parallel.pipeline import simulator
 
     k, m = NUM_DEVICES, args.micro_batches
     times, peaks = measured["times"], measured["peaks"]
+    processes = args.devices == "processes"
     widest = measured["chunks"][-1]
-    alone = max(1.0, times[f"cost_{widest}_gradients"]["best"] / times["alone"]["best"])
+    if processes:  # a stage owns its core; a hand-off is a copy between the stage processes
+        alone = 1.0
+        moved = times["handoff_moving"]["best"] - times["handoff_staying"]["best"]
+        transfer = max(0.0, moved / HANDOFF_HOPS)
+    else:  # a lone stage borrows the idle core; a hand-off shares memory
+        alone = max(1.0, times[f"cost_{widest}_gradients"]["best"] / times["alone"]["best"])
+        transfer = 0.0
+    boundary = float(args.batch // m * args.width * 4)  # a micro-batch's activation (or its gradient)
     out = []
     for name, v in SCHEDULES:
         depth = args.depth // (k * v)
@@ -347,31 +543,46 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
         costs = simulator.StageCosts.given(
             [forward] * stages,
             [backward] * stages,
+            transfer=transfer,
             alone_speedup=alone,
             backward_input=[backward_input] * stages,
             backward_weight=[backward - backward_input] * stages,
         )
         prediction = simulator.simulate(name, m, "never", costs, virtual_stages=v)
         step = times[name]["best"]
-        peak = statistics.median(peaks[name]["held_bytes"])
         held = held_bytes(depth, args.batch // m, args.width)
         weights = (
             [float(held)] * stages,
             [float(weight_held_bytes(depth, args.batch // m, args.width))] * stages,
             [float(sums_bytes(depth, args.width))] * stages,
         )
-        predicted_peak = _total_held_peak(prediction.events, *weights)
-        per_device = simulator.schedules.peak_held(prediction.events, *weights)
+        if processes:
+            per_step = peaks[name]["held_bytes"]  # per step, per device
+            measured_per_device = [statistics.median(s[d] for s in per_step) for d in range(k)]
+            peak = max(measured_per_device)
+            per_device = process_peaks(prediction.events, weights, boundary, transfer)
+            predicted_peak = max(per_device)
+            where: dict[str, Any] = {
+                "peak_activation_bytes_per_device": [int(b) for b in measured_per_device],
+                "transfer_s": round(transfer, 6),
+            }
+        else:
+            peak = statistics.median(peaks[name]["held_bytes"])
+            predicted_peak = _total_held_peak(prediction.events, *weights)
+            per_device = simulator.schedules.peak_held(prediction.events, *weights)
+            where = {}
         out.append(
             {
                 "name": "schedule",
                 "value": simulator.relative_error(prediction.step_time, step),
                 "schedule": name,
                 "virtual_stages": v,
+                "devices": args.devices,
                 "step_s": round(step, 6),
                 "predicted_step_s": round(prediction.step_time, 6),
                 "peak_activation_bytes": int(peak),
                 "predicted_peak_activation_bytes": int(predicted_peak),
+                **where,
                 "median_step_s": round(times[name]["median"], 6),
                 "predicted_bubble": round(prediction.bubble, 4),
                 "unit_costs_s": {
@@ -385,9 +596,9 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
                 "held_bytes_input_to_weight": int(weights[1][0]),
                 "gradient_sums_bytes_per_stage": int(weights[2][0]),
                 "predicted_peak_per_device_bytes": [int(b) for b in per_device],
-                "peak_activation_bytes_per_step": [int(b) for b in peaks[name]["held_bytes"]],
-                "allocator_peak_bytes": int(peaks[name]["peak_bytes"]),
-                "resident_bytes": int(peaks[name]["resident_bytes"]),
+                "peak_activation_bytes_per_step": peaks[name]["held_bytes"],
+                "allocator_peak_bytes": peaks[name]["peak_bytes"],
+                "resident_bytes": peaks[name]["resident_bytes"],
                 "target_error": TARGET_ERROR,
                 "stages": k,
                 "micro_batches": m,
