@@ -458,9 +458,7 @@ def sums_bytes(depth: int, width: int) -> int:
     return depth * (width * width + width) * 4
 
 
-def received_held_changes(
-    evs: Any, boundary: float, transfer: float
-) -> list[list[tuple[float, float]]]:
+def received_held_changes(evs: Any, boundary: float, transfer: float) -> list[list[tuple[float, float]]]:
     """Per device, (time, change) of what it holds beyond ``held_over_time`` when the hand-offs are
     copies between processes: a stage's input (``boundary`` bytes, a micro-batch's activation, counted
     from the stage's forward by ``held_bytes``) is received, so held, from the sender's forward's end
@@ -486,6 +484,21 @@ def received_held_changes(
             if receiver is not None and receiver.row != e.row:
                 changes[receiver.row] += [(e.end + transfer, boundary), (receiver.end, -boundary)]
     return changes
+
+
+def process_weights(
+    weights: tuple[list[float], list[float], list[float]], boundary: float
+) -> tuple[list[float], list[float], list[float]]:
+    """The per-stage weights (held, after I, sums) as a stage process holds them: the first stage's
+    input is a slice of the batch its process holds between steps (an aligned split aliases it), so
+    its micro-batches weigh ``boundary`` less, from the forward on and after I (its first layer's
+    input is what W reads of it); the last stage's head keeps the difference of its output and the
+    target (the square's gradient reads it) from its forward to its B or I: ``boundary`` more."""
+    held, after_input, sums = (list(w) for w in weights)
+    held[0] -= boundary
+    after_input[0] = max(0.0, after_input[0] - boundary)
+    held[-1] += boundary
+    return held, after_input, sums
 
 
 def process_peaks(
@@ -560,7 +573,9 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
             per_step = peaks[name]["held_bytes"]  # per step, per device
             measured_per_device = [statistics.median(s[d] for s in per_step) for d in range(k)]
             peak = max(measured_per_device)
-            per_device = process_peaks(prediction.events, weights, boundary, transfer)
+            per_device = process_peaks(
+                prediction.events, process_weights(weights, boundary), boundary, transfer
+            )
             predicted_peak = max(per_device)
             where: dict[str, Any] = {
                 "peak_activation_bytes_per_device": [int(b) for b in measured_per_device],
