@@ -78,11 +78,23 @@ STAGE_CPUS = ("own", "shared")
 # ------------------------------------------------------------------------------------------ workers
 def run_stage(spec: dict) -> int:
     """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes. Meanwhile
-    it answers each ``reset`` line (its allocator's peak restarts) and each ``peak`` line with a JSON
-    line ``{"peak_bytes": ..., "current_bytes": ...}`` of ``tf.config.experimental.get_memory_info``
-    (meaningful under the BFC allocator, ``spec["measure"] = "memory"``): the client cannot ask another
-    process's allocator. The server's devices and this process's ``CPU:0`` share the one CPU allocator."""
+    it answers each ``reset`` or ``peak`` line (``memory_answer``): the client cannot ask another
+    process's allocator."""
     harness.prepare_process(spec)  # its threads go in the server's config below
+    server = start_server(spec, spec["task"])
+    print(json.dumps({"ready": True, "target": server.target}), flush=True)
+    for line in sys.stdin:  # the driver closes it: then this process ends
+        if line.strip() in MEMORY_REQUESTS:
+            print(json.dumps(memory_answer(line.strip())), flush=True)
+    return 0
+
+
+MEMORY_REQUESTS = ("reset", "peak")
+
+
+def start_server(spec: dict, task: int) -> Any:
+    """Stage ``task``'s ``tf.distribute.Server`` (of the cluster at ``spec["addresses"]``), with the
+    spec's threads."""
     import tensorflow as tf
 
     config = tf.compat.v1.ConfigProto(
@@ -90,25 +102,31 @@ def run_stage(spec: dict) -> int:
         inter_op_parallelism_threads=spec["inter_op_threads"],
     )
     cluster = tf.train.ClusterSpec({"worker": spec["addresses"]})
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=spec["task"], config=config)
-    print(json.dumps({"ready": True, "target": server.target}), flush=True)
-    for line in sys.stdin:  # the driver closes it: then this process ends
-        word = line.strip()
-        if word == "reset":
-            tf.config.experimental.reset_memory_stats("CPU:0")
-        if word in ("reset", "peak"):
-            info = tf.config.experimental.get_memory_info("CPU:0")
-            print(json.dumps({"peak_bytes": info["peak"], "current_bytes": info["current"]}), flush=True)
-    return 0
+    return tf.distribute.Server(cluster, job_name="worker", task_index=task, config=config)
 
 
-def connect(spec: dict) -> list[str]:
+def memory_answer(request: str) -> dict:
+    """This process's allocator (``tf.config.experimental.get_memory_info("CPU:0")``: the server's
+    devices and the process's own share the one CPU allocator; meaningful under the BFC allocator)
+    after ``request``: ``reset`` restarts its peak first, ``peak`` only reads.
+    ``{"peak_bytes": ..., "current_bytes": ...}``."""
+    import tensorflow as tf
+
+    if request == "reset":
+        tf.config.experimental.reset_memory_stats("CPU:0")
+    info = tf.config.experimental.get_memory_info("CPU:0")
+    return {"peak_bytes": int(info["peak"]), "current_bytes": int(info["current"])}
+
+
+def connect(spec: dict) -> tuple[list[str], Any]:
     """Sets the client process up (``harness.configure``) and connects it to the stage processes at
-    ``spec["addresses"]``; returns their devices, stage k's first."""
+    ``spec["addresses"]``; returns their devices, stage k's first, and the server of stage 0 when the
+    client hosts it (``spec["client_hosts_stage"]``; keep it referenced), else None."""
     tf = harness.configure(spec)
+    server = start_server(spec, 0) if spec.get("client_hosts_stage") else None
     cluster = tf.train.ClusterSpec({"worker": spec["addresses"]})
     tf.config.experimental_connect_to_cluster(cluster, make_master_device_default=False)
-    return [f"/job:worker/replica:0/task:{k}/device:CPU:0" for k in range(len(spec["addresses"]))]
+    return [f"/job:worker/replica:0/task:{k}/device:CPU:0" for k in range(len(spec["addresses"]))], server
 
 
 def client_step(spec: dict, devices: list[str]) -> tuple[Any, Any]:
@@ -147,7 +165,8 @@ def client_step(spec: dict, devices: list[str]) -> tuple[Any, Any]:
 
 
 def run_client(spec: dict) -> int:
-    step, _ = client_step(spec, connect(spec))
+    devices, _ = connect(spec)
+    step, _ = client_step(spec, devices)
     return harness.serve(spec, step)
 
 
@@ -155,7 +174,9 @@ def run_client(spec: dict) -> int:
 class Pipeline:
     """K stage processes (one core each) and the client worker (``tools.benchmarks.<client>``'s, a
     ``harness.Worker``), on free loopback ports. With ``spec["stage_peaks"]`` the stage processes take
-    their tensors from the BFC allocator and answer ``peaks``' requests."""
+    their tensors from the BFC allocator (``ask_stages`` reads it). With ``spec["client_hosts_stage"]``
+    (a smoke test: one TensorFlow start less) the client process serves stage 0 itself, on stage 0's
+    core and threads, and answers its ``reset`` and ``peak`` lines."""
 
     def __init__(self, spec: dict, cpus: list[int], client: str = NAME) -> None:
         from tools.local_cluster import HOST, free_ports
@@ -163,8 +184,9 @@ class Pipeline:
         k = spec["stages"]
         addresses = [f"{HOST}:{p}" for p in free_ports(k)]
         self.stages: list[subprocess.Popen] = []
+        self.hosted = bool(spec.get("client_hosts_stage"))
         try:
-            for task in range(k):
+            for task in range(1 if self.hosted else 0, k):
                 stage = {
                     "addresses": addresses,
                     "task": task,
@@ -172,7 +194,7 @@ class Pipeline:
                     "intra_op_threads": 1,
                     "inter_op_threads": 2,
                     "system_allocator": spec.get("system_allocator", False),
-                    "measure": "memory" if spec.get("stage_peaks") else "time",
+                    "bfc_allocator": bool(spec.get("stage_peaks")),
                 }
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.remote", f"--stage={json.dumps(stage)}"],
@@ -187,7 +209,11 @@ class Pipeline:
                 line = proc.stdout.readline()
                 if not line.startswith("{"):
                     raise RuntimeError(f"a stage process failed to start ({proc.poll()})")
-            self.client = harness.Worker(client, {**spec, "addresses": addresses, "client": True})
+            client_spec = {**spec, "addresses": addresses, "client": True}
+            if self.hosted:  # the client is stage 0's process too
+                client_spec.update(cpus=stage_cpus(spec, cpus, 0), intra_op_threads=1, inter_op_threads=2)
+                client_spec["bfc_allocator"] = bool(spec.get("stage_peaks"))
+            self.client = harness.Worker(client, client_spec)
         except BaseException:
             self.close()
             raise
@@ -195,6 +221,7 @@ class Pipeline:
     def ask_stages(self, line: str) -> list[dict]:
         """Sends ``line`` (``reset`` or ``peak``) to every stage process; returns their answers, stage
         0's first: ``{"peak_bytes": ..., "current_bytes": ...}`` of each one's allocator."""
+        hosted = [self.client.ask(line)] if self.hosted else []
         for proc in self.stages:
             proc.stdin.write(line + "\n")
             proc.stdin.flush()
@@ -204,7 +231,7 @@ class Pipeline:
             if not answer.startswith("{"):
                 raise RuntimeError(f"a stage process did not answer {line!r} ({proc.poll()})")
             answers.append(json.loads(answer))
-        return answers
+        return hosted + answers
 
     def stage_cpu_seconds(self) -> list[float]:
         """Each stage process's CPU seconds so far (user and system, from /proc/<pid>/stat)."""

@@ -173,11 +173,12 @@ def _handoff_steps(spec: dict, devices: list[str]) -> dict[str, Any]:
     return {"handoff_moving": chain(True), "handoff_staying": chain(False)}
 
 
-def _client_steps(spec: dict) -> dict[str, Any]:
+def _client_steps(spec: dict, hosted: list[Any]) -> dict[str, Any]:
     """The client's compiled steps over the stage processes (``--devices=processes``): each schedule's
     training step, the two hand-off steps, and with ``units`` (``--quick``) the unit costs too, run in
-    the client's own process."""
-    devices = remote.connect(spec)
+    the client's own process. Appends to ``hosted`` the server of stage 0 when the client hosts it."""
+    devices, server = remote.connect(spec)
+    hosted.extend([server] if server is not None else [])
     steps = {
         name: remote.client_step({**spec, "schedule": name, "virtual_stages": v}, devices)[0]
         for name, v in spec["schedules"]
@@ -194,9 +195,10 @@ def run_worker(spec: dict) -> int:
     ``step NAME`` line on stdin with ``{"step_s": seconds}`` until stdin closes. A timing worker with
     ``peaks`` (``--quick``) also measures the peaks, as the memory worker would (after at least one
     more call of each step), and gives them in its ready line."""
-    if spec.get("peaks") or spec.get("bfc"):
+    if spec.get("peaks"):
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow starts (_steps)
-    steps = _client_steps(spec) if spec.get("client") else _steps(spec)
+    hosted: list[Any] = []  # the server of stage 0, if this client hosts it: it lives as long as this
+    steps = _client_steps(spec, hosted) if spec.get("client") else _steps(spec)
     for step in steps.values():
         for _ in range(1 + spec["warmup"]):
             step().numpy()
@@ -212,6 +214,9 @@ def run_worker(spec: dict) -> int:
     print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         word, _, name = line.strip().partition(" ")
+        if hosted and word in remote.MEMORY_REQUESTS:
+            print(json.dumps(remote.memory_answer(word)), flush=True)
+            continue
         if word != "step" or name not in steps:
             break
         print(json.dumps({"step_s": harness.timed(steps[name])}), flush=True)
@@ -387,10 +392,10 @@ def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, A
     }  # fmt: skip
     costs = {
         **model, "side": "costs", "units": units, "cpus": cpus[:1], "intra_op_threads": 1,
-        "inter_op_threads": 1, "measure": "time", "bfc": True,
+        "inter_op_threads": 1, "measure": "time", "bfc_allocator": True,
     }  # fmt: skip
-    if args.quick:  # a smoke test: the client times the units too (one TensorFlow start less)
-        client["units"] = units
+    if args.quick:  # a smoke test: the client times the units and serves stage 0 (two starts less)
+        client.update(units=units, client_hosts_stage=True)
     if args.verbose:
         print(f"schedules benchmark: {json.dumps([client, costs], sort_keys=True)}", file=sys.stderr)
     times: dict[str, list[float]] = {}
