@@ -1,19 +1,65 @@
 """Every pipeline schedule, measured and predicted: ``python -m tools.benchmark schedules [--quick]``.
 
 One model for all: the gpipe benchmark's stack of dense layers (``--depth`` layers of ``--width``,
-relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 devices (one core each: 1
-intra-op thread, 2 inter-op threads, 2 logical CPU devices), M=8 micro-batches (``--quick``: 4),
-remat never, the squared error computed per micro-batch in the last stage (a head, as the tasks do),
-trained by SGD.
+relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 schedule devices, M=8
+micro-batches (``--quick``: 4), remat never, the squared error computed per micro-batch in the last
+stage (a head, as the tasks do), trained by SGD.
 Per schedule (fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b with virtual_stages=2,
 zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ...,
 "predicted_step_s": ..., "peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}``
 (``value``: the step's relative prediction error; ``*_over_one_f_one_b``: the ratios the targets are
-about).
+about; ``devices``: which of the two set-ups below measured it). A ratio's two sides differ only in
+the schedule: every schedule runs in the same processes, on the same cores, in the same rounds.
+
+``--devices=processes`` (the default; what a real pipeline is: a device cannot lend its compute or
+its memory to another):
+
+- The pipeline: one ``tf.distribute.Server`` process per schedule device (``remote.Pipeline``, as
+  ``tools.benchmark remote``'s stage processes with ``--stage_cpus=own``), each pinned to its own
+  core with 1 intra-op and 2 inter-op threads and the BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC``),
+  and a client process (on both cores) that builds the six schedules' compiled steps with device d's
+  stages (d, and d + K for interleaved) on process d's ``CPU:0``, the batch on device 0 and the
+  targets on device 1, made once, each SGD update on its variable's device. Stage processes answer
+  ``reset`` / ``peak`` lines on stdin with their allocator's numbers (``remote.memory_answer``).
+- ``step_s``: the client's call of the compiled step (forward, backward, update), best of
+  ``--steps`` rounds (one step of every schedule, the hand-off steps and the unit costs per round,
+  so all see the same load; load only ever adds time).
+- ``predicted_step_s``: ``layers.parallel.pipeline.simulator.simulate`` of the same schedule with
+  unit costs measured in the same run (below), ``alone_speedup`` 1 (a stage owns its core and cannot
+  borrow the other's) and ``transfer`` (``transfer_s``) the measured cost of one hand-off: the
+  client's step moving a micro-batch's activation (batch / M rows of width) ``HANDOFF_HOPS`` times
+  between the two stage processes (a multiplication by a scalar variable on each arrival), less the
+  same step with every multiplication on device 0, over the hops.
+- ``peak_activation_bytes``: the largest device's peak (``peak_activation_bytes_per_device``: each
+  device's, read in its own stage process): ``tf.config.experimental.get_memory_info("CPU:0")``'s
+  peak during one step (stats reset just before) minus its ``current`` bytes at the reset (weights,
+  the batch or the targets); each device's median over ``--peak_steps`` (5) steps of each schedule,
+  run in rounds after the timed ones (``peak_activation_bytes_per_step``: each step's, per device;
+  ``allocator_peak_bytes``, ``resident_bytes``: the last round's, per device). It includes the
+  weight-gradient sums and the ops' temporaries, not only the activations.
+- ``predicted_peak_activation_bytes``: the largest of the simulated step's per-device peaks
+  (``predicted_peak_per_device_bytes``, ``process_peaks``): what the logical side's model holds
+  (below), with what a stage process holds instead: the first stage's input is a slice of the batch
+  its process holds between steps (an aligned split aliases it: nothing more), the last stage's head
+  keeps its output's difference to the target from the forward to the B or I (the square's gradient
+  reads it), and the hand-offs are copies (``received_held_changes``): a stage's received input is
+  held from the sender's forward's end plus ``transfer`` (TensorFlow starts a receive with the step,
+  so it lands as soon as it is sent, not when the forward that reads it starts), and the gradient
+  for a stage's output from the next stage's B or I end plus ``transfer`` to the end of the stage's
+  own B or I. The backward's transients (a layer's output, activation and input gradients and its
+  weight gradient before it is summed) are not modelled: measured, they add 2 to 3 MiB on every
+  device of every schedule.
+- Unit costs: timed by a worker of their own on one core (1 intra-op, 1 inter-op thread, the BFC
+  allocator as the stage processes), as on the logical side below. ``--quick`` (a smoke test: two
+  TensorFlow processes, as on the logical side): the client serves stage 0 itself (on stage 0's core
+  and threads) and times the unit costs too; its figures mean nothing.
+
+``--devices=logical`` (the set-up before: one process, K logical CPU devices sharing 2 cores):
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
-six pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator); under
-``--quick`` two, the pipelines' worker measuring the peaks too (its steps then use the BFC allocator).
+six pipelines' steps (2 cores: 1 intra-op thread, 2 inter-op threads, 2 logical CPU devices), the
+unit costs (1 core) and the peaks (the BFC allocator); under ``--quick`` two, the pipelines' worker
+measuring the peaks too (its steps then use the BFC allocator).
 The timed steps run in alternating rounds (one step of every side per round), so all see the same load; a
 side's best step counts (load only ever adds time).
 
@@ -255,13 +301,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         parser,
         steps=5,
         warmup=1,
-        quick_help="Tiny sizes and few steps (a smoke test); the pipelines' worker measures the peaks too.",
+        quick_help="Tiny sizes and few steps (a smoke test); two TensorFlow processes: under processes the "
+        "client serves stage 0 and times the unit costs, under logical the pipelines' worker measures "
+        "the peaks too.",
     )
     parser.add_argument(
         "--peak_steps",
         type=int,
         default=PEAK_STEPS,
-        help="Steps whose allocator peak is read per schedule (in rounds); the median counts.",
+        help="Steps whose allocator peak is read per schedule (in rounds); the median counts (per device "
+        "under processes).",
     )
     parser.add_argument(
         "--devices",
