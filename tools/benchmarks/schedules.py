@@ -22,8 +22,9 @@ its memory to another):
   targets on device 1, made once, each SGD update on its variable's device. Stage processes answer
   ``reset`` / ``peak`` lines on stdin with their allocator's numbers (``remote.memory_answer``).
 - ``step_s``: the client's call of the compiled step (forward, backward, update), best of
-  ``--steps`` rounds (one step of every schedule, the hand-off steps and the unit costs per round,
-  so all see the same load; load only ever adds time).
+  ``--steps`` (10; the logical side's 5: a step needs both pinned cores at once, so other work on
+  the machine delays more of its steps) rounds: one step of every schedule, the hand-off steps
+  and the unit costs per round, so all see the same load (load only ever adds time).
 - ``predicted_step_s``: ``layers.parallel.pipeline.simulator.simulate`` of the same schedule with
   unit costs measured in the same run (below), ``alone_speedup`` 1 (a stage owns its core and cannot
   borrow the other's) and ``transfer`` (``transfer_s``) the measured cost of one hand-off: the
@@ -126,6 +127,9 @@ COST_STEPS = ("forward", "input", "gradients")
 PEAK_STEPS = 5
 TARGET_ERROR = 0.15
 DEVICES = ("processes", "logical")
+# Timed rounds by default: a step over two pinned stage processes needs both cores at once, so other
+# work on the machine delays more of its steps than the logical side's (the best step counts).
+STEPS = {"processes": 10, "logical": 5}
 # --devices=processes: a hand-off's cost is a chain of this many hops of a micro-batch's activation
 # between the two stage processes, less the same chain kept in stage 0's process, over the hops.
 HANDOFF_HOPS = 16
@@ -299,7 +303,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
     harness.add_run_flags(
         parser,
-        steps=5,
+        steps=None,  # STEPS[--devices]
         warmup=1,
         quick_help="Tiny sizes and few steps (a smoke test); two TensorFlow processes: under processes the "
         "client serves stage 0 and times the unit costs, under logical the pipelines' worker measures "
@@ -319,10 +323,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="What a schedule device is: processes (default: a tf.distribute.Server process per device, "
         "each pinned to its own core, 1 intra-op and 2 inter-op threads, driven by a client process; "
         "peaks per device, the largest counts) or logical (two logical CPU devices of one process "
-        "sharing 2 cores; peaks of both devices together).",
+        "sharing 2 cores; peaks of both devices together). --steps defaults to "
+        f"{STEPS['processes']} under processes (a step needs both pinned cores at once, so other work "
+        f"on the machine delays more of its steps), {STEPS['logical']} under logical.",
     )
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
+    args.steps = STEPS[args.devices] if args.steps is None else args.steps
     if args.quick:
         args.width, args.depth, args.batch, args.steps, args.warmup = 16, 4, 32, 1, 0
         args.peak_steps = 1
