@@ -5,9 +5,10 @@ GPipeLayer of dense layers, the squared error computed per micro-batch in the la
 A cross-process side is a client process (the trainer's role: it builds the model with stage k on
 ``/job:worker/task:k/device:CPU:0``, connected with ``tf.config.experimental_connect_to_cluster``) and
 K stage processes (``tf.distribute.Server``, as ``python -m trainer --mode=stages`` runs), each with
-1 intra-op and 2 inter-op threads. The batch and its targets are made on the first and last stage's
-devices once (what the stages exchange is measured, not the trainer's input pipeline); each SGD
-update runs on its variable's device.
+1 intra-op and 2 inter-op threads (a stage process also answers ``reset`` and ``peak`` lines on its
+stdin with its allocator's numbers: ``tools.benchmark schedules`` reads each device's peak so). The
+batch and its targets are made on the first and last stage's devices once (what the stages exchange
+is measured, not the trainer's input pipeline); each SGD update runs on its variable's device.
 
 The speed figures take two comma-separated options, and every combination runs in the same
 alternating rounds (one line each per figure, naming its ``schedule`` and ``stage_cpus``):
