@@ -270,6 +270,8 @@ def run_worker(spec: dict) -> int:
         if word != "step" or name not in steps:
             break
         print(json.dumps({"step_s": harness.timed(steps[name])}), flush=True)
+    if spec.get("client"):
+        remote.end_serving()
     return 0
 
 
