@@ -54,8 +54,62 @@ def test_zero_bubble_schedules_hold_what_w_reads_between_i_and_w():
     assert schedules_benchmark.sums_bytes(4, 512) == 4 * (512 * 512 + 512) * 4
 
 
-def test_figures_from_measured_costs_have_the_issue_fields():
+def test_received_copies_are_held_from_their_arrival_to_their_use():
+    """Between processes a stage's input is a copy on its device from the sender's forward's end plus
+    the hand-off (not from its own forward's start), and the gradient for stage 0's output is held on
+    device 0 from stage 1's backward's end plus the hand-off to the end of stage 0's backward."""
+    evs = [
+        schedules.Event(0, 1, 0, 0, schedules.FORWARD, 0),
+        schedules.Event(2, 3, 1, 0, schedules.FORWARD, 1),
+        schedules.Event(3, 5, 1, 0, schedules.BACKWARD, 1),
+        schedules.Event(6, 8, 0, 0, schedules.BACKWARD, 0),
+    ]
+    changes = schedules_benchmark.received_held_changes(evs, 10.0, 0.5)
+    assert changes == [[(5.5, 10.0), (8, -10.0)], [(1.5, 10.0), (2, -10.0)]]
+    # Device 0: its micro-batch (1) from 0 to 8 and the gradient (10) from 5.5; device 1: the input
+    # (10) from 1.5, then the micro-batch (2) from 2 to 5, which counts the input already.
+    assert schedules_benchmark.process_peaks(evs, ([1.0, 2.0], [0.0, 0.0], [0.0, 0.0]), 10.0, 0.5) == [
+        11.0,
+        10.0,
+    ]
+
+
+def test_a_stage_process_holds_its_first_input_nowhere_and_the_heads_difference_last():
+    held, after_input, sums = schedules_benchmark.process_weights(
+        ([5.0, 5.0, 5.0], [4.0] * 3, [7.0] * 3), 1.0
+    )
+    assert held == [4.0, 5.0, 6.0] and after_input == [3.0, 4.0, 4.0] and sums == [7.0] * 3
+
+
+def test_figures_under_processes_take_the_largest_devices_peak():
     args = schedules_benchmark._parse(["--quick"])
+    assert args.devices == "processes"
+    times = {name: {"best": 0.01, "median": 0.011} for name, _ in schedules_benchmark.SCHEDULES}
+    hops = schedules_benchmark.HANDOFF_HOPS
+    times["handoff_moving"] = {"best": 0.002 + hops * 0.0001, "median": 1.0}
+    times["handoff_staying"] = {"best": 0.002, "median": 1.0}
+    for depth in (1, 2):
+        for step, seconds in zip(schedules_benchmark.COST_STEPS, (0.001, 0.002, 0.003)):
+            times[f"cost_{depth}_{step}"] = {"best": seconds * depth, "median": seconds * depth}
+    peaks = {
+        name: {
+            "peak_bytes": [3000, 4000],
+            "resident_bytes": [1000, 2000],
+            "held_bytes": [[900, 50], [700, 80]],
+        }
+        for name, _ in schedules_benchmark.SCHEDULES
+    }
+    lines = schedules_benchmark.figures(args, {"times": times, "peaks": peaks, "chunks": [1, 2]})
+    for f in lines:
+        assert FIELDS <= set(f) and f["devices"] == "processes" and f["alone_speedup"] == 1.0
+        assert f["peak_activation_bytes_per_device"] == [800, 65]  # each device's median step
+        assert f["peak_activation_bytes"] == 800  # the largest device's
+        assert f["predicted_peak_activation_bytes"] == max(f["predicted_peak_per_device_bytes"])
+        assert f["transfer_s"] == pytest.approx(0.0001)
+
+
+def test_figures_from_measured_costs_have_the_issue_fields():
+    args = schedules_benchmark._parse(["--quick", "--devices=logical"])
     chunks = [1, 2]
     times = {name: {"best": 0.01, "median": 0.011} for name, _ in schedules_benchmark.SCHEDULES}
     times["alone"] = {"best": 0.002, "median": 0.002}
@@ -70,8 +124,9 @@ def test_figures_from_measured_costs_have_the_issue_fields():
     lines = schedules_benchmark.figures(args, measured)
     assert [f["schedule"] for f in lines] == [name for name, _ in schedules_benchmark.SCHEDULES]
     for f in lines:
-        assert FIELDS <= set(f) and f["name"] == "schedule"
-        assert f["peak_activation_bytes"] == 2000  # the median step's
+        assert FIELDS <= set(f) and f["name"] == "schedule" and f["devices"] == "logical"
+        assert f["peak_activation_bytes"] == 2000  # the median step's (both devices together)
+        assert f["alone_speedup"] == 3.0 and "transfer_s" not in f
         assert f["peak_activation_bytes_per_step"] == [2500, 1900, 2000]
     interleaved = next(f for f in lines if f["schedule"] == "interleaved_1f1b")
     assert interleaved["virtual_stages"] == 2
@@ -79,6 +134,8 @@ def test_figures_from_measured_costs_have_the_issue_fields():
 
 @pytest.mark.slow
 def test_quick_run_prints_one_line_per_schedule():
+    """The default, --devices=processes: a stage process per device (under --quick the client serves
+    stage 0 itself), each device's peak read in its own process."""
     proc = subprocess.run(
         [sys.executable, "-m", "tools.benchmark", "schedules", "--quick"],
         cwd=REPO_ROOT,
@@ -94,3 +151,6 @@ def test_quick_run_prints_one_line_per_schedule():
         assert FIELDS <= set(line) and line["name"] == "schedule"
         assert line["step_s"] > 0 and line["predicted_step_s"] > 0 and line["loadavg_1m"] >= 0
         assert line["micro_batches"] == schedules_benchmark.QUICK_MICRO_BATCHES
+        assert line["devices"] == "processes" and line["transfer_s"] >= 0
+        per_device = line["peak_activation_bytes_per_device"]
+        assert len(per_device) == 2 and line["peak_activation_bytes"] == max(per_device) > 0

@@ -5,8 +5,9 @@ Not a benchmark itself (``tools.benchmark`` does not list it). A side is a worke
 TensorFlow starts, since none of it can change afterwards: ``cpus`` (CPU affinity),
 ``intra_op_threads`` / ``inter_op_threads`` (0 or absent: TensorFlow's default), ``logical_devices``
 (that many logical CPU devices, when given), ``measure`` (``"memory"`` turns on the BFC allocator,
-whose peak the figure reads) and ``system_allocator`` (true: tensors from malloc, as in the trainer
-binary's processes, ``trainer.tf_startup.use_system_allocator``).
+whose peak the figure reads; ``bfc_allocator``: that allocator on a timing side too) and
+``system_allocator`` (true: tensors from malloc, as in the trainer binary's processes,
+``trainer.tf_startup.use_system_allocator``).
 
 The protocol, one JSON line at a time: a timing worker builds and compiles its step, warms up, prints
 ``{"ready": true, ...}``, then answers each ``step`` line on stdin with ``{"step_s": seconds}`` until
@@ -38,7 +39,7 @@ def prepare_process(spec: dict) -> None:
     malloc with ``system_allocator``), TensorFlow's log level."""
     if spec.get("cpus"):
         os.sched_setaffinity(0, set(spec["cpus"]))
-    if spec.get("measure") == "memory":
+    if spec.get("measure") == "memory" or spec.get("bfc_allocator"):
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
     if spec.get("system_allocator"):
         from trainer import tf_startup

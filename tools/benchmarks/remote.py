@@ -5,9 +5,10 @@ GPipeLayer of dense layers, the squared error computed per micro-batch in the la
 A cross-process side is a client process (the trainer's role: it builds the model with stage k on
 ``/job:worker/task:k/device:CPU:0``, connected with ``tf.config.experimental_connect_to_cluster``) and
 K stage processes (``tf.distribute.Server``, as ``python -m trainer --mode=stages`` runs), each with
-1 intra-op and 2 inter-op threads. The batch and its targets are made on the first and last stage's
-devices once (what the stages exchange is measured, not the trainer's input pipeline); each SGD
-update runs on its variable's device.
+1 intra-op and 2 inter-op threads (a stage process also answers ``reset`` and ``peak`` lines on its
+stdin with its allocator's numbers: ``tools.benchmark schedules`` reads each device's peak so). The
+batch and its targets are made on the first and last stage's devices once (what the stages exchange
+is measured, not the trainer's input pipeline); each SGD update runs on its variable's device.
 
 The speed figures take two comma-separated options, and every combination runs in the same
 alternating rounds (one line each per figure, naming its ``schedule`` and ``stage_cpus``):
@@ -65,7 +66,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tools.benchmarks import gpipe, harness
 
@@ -77,8 +78,33 @@ STAGE_CPUS = ("own", "shared")
 
 # ------------------------------------------------------------------------------------------ workers
 def run_stage(spec: dict) -> int:
-    """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes."""
+    """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes. Meanwhile
+    it answers each ``reset`` or ``peak`` line (``memory_answer``): the client cannot ask another
+    process's allocator."""
     harness.prepare_process(spec)  # its threads go in the server's config below
+    server = start_server(spec, spec["task"])
+    print(json.dumps({"ready": True, "target": server.target}), flush=True)
+    for line in sys.stdin:  # the driver closes it: then this process ends
+        if line.strip() in MEMORY_REQUESTS:
+            print(json.dumps(memory_answer(line.strip())), flush=True)
+    end_serving()
+
+
+def end_serving() -> NoReturn:
+    """Ends a process that served a cluster, now that its driver is done with it: at once, its output
+    flushed, without the interpreter's teardown of TensorFlow's server and remote contexts (about 0.7
+    CPU seconds a process here, which the driver waits for)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+MEMORY_REQUESTS = ("reset", "peak")
+
+
+def start_server(spec: dict, task: int) -> Any:
+    """Stage ``task``'s ``tf.distribute.Server`` (of the cluster at ``spec["addresses"]``), with the
+    spec's threads."""
     import tensorflow as tf
 
     config = tf.compat.v1.ConfigProto(
@@ -86,20 +112,39 @@ def run_stage(spec: dict) -> int:
         inter_op_parallelism_threads=spec["inter_op_threads"],
     )
     cluster = tf.train.ClusterSpec({"worker": spec["addresses"]})
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=spec["task"], config=config)
-    print(json.dumps({"ready": True, "target": server.target}), flush=True)
-    sys.stdin.read()  # the driver closes it: then this process ends
-    return 0
+    return tf.distribute.Server(cluster, job_name="worker", task_index=task, config=config)
 
 
-def _client_step(spec: dict) -> tuple[Any, Any]:
-    """The client's compiled step over the stage processes (gpipe.py's model and head)."""
+def memory_answer(request: str) -> dict:
+    """This process's allocator (``tf.config.experimental.get_memory_info("CPU:0")``: the server's
+    devices and the process's own share the one CPU allocator; meaningful under the BFC allocator)
+    after ``request``: ``reset`` restarts its peak first, ``peak`` only reads.
+    ``{"peak_bytes": ..., "current_bytes": ...}``."""
+    import tensorflow as tf
+
+    if request == "reset":
+        tf.config.experimental.reset_memory_stats("CPU:0")
+    info = tf.config.experimental.get_memory_info("CPU:0")
+    return {"peak_bytes": int(info["peak"]), "current_bytes": int(info["current"])}
+
+
+def connect(spec: dict) -> tuple[list[str], Any]:
+    """Sets the client process up (``harness.configure``) and connects it to the stage processes at
+    ``spec["addresses"]``; returns their devices, stage k's first, and the server of stage 0 when the
+    client hosts it (``spec["client_hosts_stage"]``; keep it referenced), else None."""
     tf = harness.configure(spec)
-    from layers.base_layer import FPropContext
-
+    server = start_server(spec, 0) if spec.get("client_hosts_stage") else None
     cluster = tf.train.ClusterSpec({"worker": spec["addresses"]})
     tf.config.experimental_connect_to_cluster(cluster, make_master_device_default=False)
-    devices = [f"/job:worker/replica:0/task:{k}/device:CPU:0" for k in range(spec["stages"])]
+    return [f"/job:worker/replica:0/task:{k}/device:CPU:0" for k in range(len(spec["addresses"]))], server
+
+
+def client_step(spec: dict, devices: list[str]) -> tuple[Any, Any]:
+    """The client's compiled step over the stage processes' ``devices`` (gpipe.py's model and head,
+    ``spec["schedule"]`` and ``spec["virtual_stages"]`` if given: device d runs stages d, d + K, ...)."""
+    import tensorflow as tf
+
+    from layers.base_layer import FPropContext
     from layers.parallel import device_choice as pipeline_devices
 
     with pipeline_devices.parts_on(devices, "the benchmark's stage processes"):
@@ -130,22 +175,28 @@ def _client_step(spec: dict) -> tuple[Any, Any]:
 
 
 def run_client(spec: dict) -> int:
-    step, _ = _client_step(spec)
+    devices, _ = connect(spec)
+    step, _ = client_step(spec, devices)
     return harness.serve(spec, step)
 
 
 # ------------------------------------------------------------------------------------------ driver
 class Pipeline:
-    """K stage processes (one core each) and the client worker, on free loopback ports."""
+    """K stage processes (one core each) and the client worker (``tools.benchmarks.<client>``'s, a
+    ``harness.Worker``), on free loopback ports. With ``spec["stage_peaks"]`` the stage processes take
+    their tensors from the BFC allocator (``ask_stages`` reads it). With ``spec["client_hosts_stage"]``
+    (a smoke test: one TensorFlow start less) the client process serves stage 0 itself, on stage 0's
+    core and threads, and answers its ``reset`` and ``peak`` lines."""
 
-    def __init__(self, spec: dict, cpus: list[int]) -> None:
+    def __init__(self, spec: dict, cpus: list[int], client: str = NAME) -> None:
         from tools.local_cluster import HOST, free_ports
 
         k = spec["stages"]
         addresses = [f"{HOST}:{p}" for p in free_ports(k)]
         self.stages: list[subprocess.Popen] = []
+        self.hosted = bool(spec.get("client_hosts_stage"))
         try:
-            for task in range(k):
+            for task in range(1 if self.hosted else 0, k):
                 stage = {
                     "addresses": addresses,
                     "task": task,
@@ -153,6 +204,7 @@ class Pipeline:
                     "intra_op_threads": 1,
                     "inter_op_threads": 2,
                     "system_allocator": spec.get("system_allocator", False),
+                    "bfc_allocator": bool(spec.get("stage_peaks")),
                 }
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.remote", f"--stage={json.dumps(stage)}"],
@@ -167,10 +219,29 @@ class Pipeline:
                 line = proc.stdout.readline()
                 if not line.startswith("{"):
                     raise RuntimeError(f"a stage process failed to start ({proc.poll()})")
-            self.client = harness.Worker(NAME, {**spec, "addresses": addresses, "client": True})
+            client_spec = {**spec, "addresses": addresses, "client": True}
+            if self.hosted:  # the client is stage 0's process too
+                client_spec.update(cpus=stage_cpus(spec, cpus, 0), intra_op_threads=1, inter_op_threads=2)
+                client_spec["bfc_allocator"] = bool(spec.get("stage_peaks"))
+            self.client = harness.Worker(client, client_spec)
         except BaseException:
             self.close()
             raise
+
+    def ask_stages(self, line: str) -> list[dict]:
+        """Sends ``line`` (``reset`` or ``peak``) to every stage process; returns their answers, stage
+        0's first: ``{"peak_bytes": ..., "current_bytes": ...}`` of each one's allocator."""
+        hosted = [self.client.ask(line)] if self.hosted else []
+        for proc in self.stages:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        answers = []
+        for proc in self.stages:
+            answer = proc.stdout.readline()
+            if not answer.startswith("{"):
+                raise RuntimeError(f"a stage process did not answer {line!r} ({proc.poll()})")
+            answers.append(json.loads(answer))
+        return hosted + answers
 
     def stage_cpu_seconds(self) -> list[float]:
         """Each stage process's CPU seconds so far (user and system, from /proc/<pid>/stat)."""

@@ -1,19 +1,66 @@
 """Every pipeline schedule, measured and predicted: ``python -m tools.benchmark schedules [--quick]``.
 
 One model for all: the gpipe benchmark's stack of dense layers (``--depth`` layers of ``--width``,
-relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 devices (one core each: 1
-intra-op thread, 2 inter-op threads, 2 logical CPU devices), M=8 micro-batches (``--quick``: 4),
-remat never, the squared error computed per micro-batch in the last stage (a head, as the tasks do),
-trained by SGD.
+relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 schedule devices, M=8
+micro-batches (``--quick``: 4), remat never, the squared error computed per micro-batch in the last
+stage (a head, as the tasks do), trained by SGD.
 Per schedule (fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b with virtual_stages=2,
 zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ...,
 "predicted_step_s": ..., "peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}``
 (``value``: the step's relative prediction error; ``*_over_one_f_one_b``: the ratios the targets are
-about).
+about; ``devices``: which of the two set-ups below measured it). A ratio's two sides differ only in
+the schedule: every schedule runs in the same processes, on the same cores, in the same rounds.
+
+``--devices=processes`` (the default; what a real pipeline is: a device cannot lend its compute or
+its memory to another):
+
+- The pipeline: one ``tf.distribute.Server`` process per schedule device (``remote.Pipeline``, as
+  ``tools.benchmark remote``'s stage processes with ``--stage_cpus=own``), each pinned to its own
+  core with 1 intra-op and 2 inter-op threads and the BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC``),
+  and a client process (on both cores) that builds the six schedules' compiled steps with device d's
+  stages (d, and d + K for interleaved) on process d's ``CPU:0``, the batch on device 0 and the
+  targets on device 1, made once, each SGD update on its variable's device. Stage processes answer
+  ``reset`` / ``peak`` lines on stdin with their allocator's numbers (``remote.memory_answer``).
+- ``step_s``: the client's call of the compiled step (forward, backward, update), best of
+  ``--steps`` (10; the logical side's 5: a step needs both pinned cores at once, so other work on
+  the machine delays more of its steps) rounds: one step of every schedule, the hand-off steps
+  and the unit costs per round, so all see the same load (load only ever adds time).
+- ``predicted_step_s``: ``layers.parallel.pipeline.simulator.simulate`` of the same schedule with
+  unit costs measured in the same run (below), ``alone_speedup`` 1 (a stage owns its core and cannot
+  borrow the other's) and ``transfer`` (``transfer_s``) the measured cost of one hand-off: the
+  client's step moving a micro-batch's activation (batch / M rows of width) ``HANDOFF_HOPS`` times
+  between the two stage processes (a multiplication by a scalar variable on each arrival), less the
+  same step with every multiplication on device 0, over the hops.
+- ``peak_activation_bytes``: the largest device's peak (``peak_activation_bytes_per_device``: each
+  device's, read in its own stage process): ``tf.config.experimental.get_memory_info("CPU:0")``'s
+  peak during one step (stats reset just before) minus its ``current`` bytes at the reset (weights,
+  the batch or the targets); each device's median over ``--peak_steps`` (5) steps of each schedule,
+  run in rounds after the timed ones (``peak_activation_bytes_per_step``: each step's, per device;
+  ``allocator_peak_bytes``, ``resident_bytes``: the last round's, per device). It includes the
+  weight-gradient sums and the ops' temporaries, not only the activations.
+- ``predicted_peak_activation_bytes``: the largest of the simulated step's per-device peaks
+  (``predicted_peak_per_device_bytes``, ``process_peaks``): what the logical side's model holds
+  (below), with what a stage process holds instead: the first stage's input is a slice of the batch
+  its process holds between steps (an aligned split aliases it: nothing more), the last stage's head
+  keeps its output's difference to the target from the forward to the B or I (the square's gradient
+  reads it), and the hand-offs are copies (``received_held_changes``): a stage's received input is
+  held from the sender's forward's end plus ``transfer`` (TensorFlow starts a receive with the step,
+  so it lands as soon as it is sent, not when the forward that reads it starts), and the gradient
+  for a stage's output from the next stage's B or I end plus ``transfer`` to the end of the stage's
+  own B or I. The backward's transients (a layer's output, activation and input gradients and its
+  weight gradient before it is summed) are not modelled: measured, they add 2 to 3 MiB on every
+  device of every schedule.
+- Unit costs: timed by a worker of their own on one core (1 intra-op, 1 inter-op thread, the BFC
+  allocator as the stage processes), as on the logical side below. ``--quick`` (a smoke test: two
+  TensorFlow processes, as on the logical side): the client serves stage 0 itself (on stage 0's core
+  and threads) and times the unit costs too; its figures mean nothing.
+
+``--devices=logical`` (the set-up before: one process, K logical CPU devices sharing 2 cores):
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
-six pipelines' steps (2 cores), the unit costs (1 core) and the peaks (the BFC allocator); under
-``--quick`` two, the pipelines' worker measuring the peaks too (its steps then use the BFC allocator).
+six pipelines' steps (2 cores: 1 intra-op thread, 2 inter-op threads, 2 logical CPU devices), the
+unit costs (1 core) and the peaks (the BFC allocator); under ``--quick`` two, the pipelines' worker
+measuring the peaks too (its steps then use the BFC allocator).
 The timed steps run in alternating rounds (one step of every side per round), so all see the same load; a
 side's best step counts (load only ever adds time).
 
@@ -61,7 +108,7 @@ import statistics
 import sys
 from typing import Any
 
-from tools.benchmarks import gpipe, harness
+from tools.benchmarks import gpipe, harness, remote
 
 NUM_DEVICES, NUM_MICRO_BATCHES = 2, 8
 QUICK_MICRO_BATCHES = 4  # --quick: every schedule still has a steady phase at K=2, in half the graph
@@ -79,6 +126,13 @@ COST_STEPS = ("forward", "input", "gradients")
 # here from one step to the next): the median of this many steps' peaks counts, for every schedule.
 PEAK_STEPS = 5
 TARGET_ERROR = 0.15
+DEVICES = ("processes", "logical")
+# Timed rounds by default: a step over two pinned stage processes needs both cores at once, so other
+# work on the machine delays more of its steps than the logical side's (the best step counts).
+STEPS = {"processes": 10, "logical": 5}
+# --devices=processes: a hand-off's cost is a chain of this many hops of a micro-batch's activation
+# between the two stage processes, less the same chain kept in stage 0's process, over the hops.
+HANDOFF_HOPS = 16
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -137,6 +191,54 @@ def _steps(spec: dict) -> dict[str, Any]:
     return steps
 
 
+def _handoff_steps(spec: dict, devices: list[str]) -> dict[str, Any]:
+    """Two compiled steps of ``HANDOFF_HOPS`` multiplications each, by a scalar variable of the device
+    that runs it, of a micro-batch's activation (``batch / micro_batches`` rows of ``width``) that
+    starts on ``devices[0]``: ``handoff_moving`` runs them on devices 1, 0, 1, ..., 0 in turn (every
+    hop a hand-off between the stage processes), ``handoff_staying`` all on device 0; their difference
+    over the hops is a hand-off's cost. (A variable's scale: nothing for Grappler to fold away.)"""
+    import tensorflow as tf
+
+    rows = spec["batch"] // spec["micro_batches"]
+    with tf.device(devices[0]):
+        x = tf.Variable(tf.random.stateless_normal([rows, spec["width"]], [5, 6]))
+    scales = []
+    for device in devices[:2]:
+        with tf.device(device):
+            scales.append(tf.Variable(1.0))
+
+    def chain(moving: bool) -> Any:
+        @tf.function(autograph=False)
+        def step() -> tf.Tensor:
+            y = x.read_value()
+            for hop in range(HANDOFF_HOPS):
+                d = (hop + 1) % 2 if moving else 0
+                with tf.device(devices[d]):
+                    y = y * scales[d]
+            with tf.device(devices[0]):
+                return tf.reduce_sum(y[:1])
+
+        return step
+
+    return {"handoff_moving": chain(True), "handoff_staying": chain(False)}
+
+
+def _client_steps(spec: dict, hosted: list[Any]) -> dict[str, Any]:
+    """The client's compiled steps over the stage processes (``--devices=processes``): each schedule's
+    training step, the two hand-off steps, and with ``units`` (``--quick``) the unit costs too, run in
+    the client's own process. Appends to ``hosted`` the server of stage 0 when the client hosts it."""
+    devices, server = remote.connect(spec)
+    hosted.extend([server] if server is not None else [])
+    steps = {
+        name: remote.client_step({**spec, "schedule": name, "virtual_stages": v}, devices)[0]
+        for name, v in spec["schedules"]
+    }
+    steps.update(_handoff_steps(spec, devices))
+    for name, unit in spec.get("units", {}).items():
+        steps[name] = _cost_step({**spec, **unit})
+    return steps
+
+
 def run_worker(spec: dict) -> int:
     """Builds every step (compiling each, then ``warmup`` more calls); a memory worker prints each
     schedule's peak and resident bytes, a timing worker answers each
@@ -145,7 +247,8 @@ def run_worker(spec: dict) -> int:
     more call of each step), and gives them in its ready line."""
     if spec.get("peaks"):
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow starts (_steps)
-    steps = _steps(spec)
+    hosted: list[Any] = []  # the server of stage 0, if this client hosts it: it lives as long as this
+    steps = _client_steps(spec, hosted) if spec.get("client") else _steps(spec)
     for step in steps.values():
         for _ in range(1 + spec["warmup"]):
             step().numpy()
@@ -161,9 +264,14 @@ def run_worker(spec: dict) -> int:
     print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         word, _, name = line.strip().partition(" ")
+        if hosted and word in remote.MEMORY_REQUESTS:
+            print(json.dumps(remote.memory_answer(word)), flush=True)
+            continue
         if word != "step" or name not in steps:
             break
         print(json.dumps({"step_s": harness.timed(steps[name])}), flush=True)
+    if spec.get("client"):
+        remote.end_serving()
     return 0
 
 
@@ -197,18 +305,33 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
     harness.add_run_flags(
         parser,
-        steps=5,
+        steps=None,  # STEPS[--devices]
         warmup=1,
-        quick_help="Tiny sizes and few steps (a smoke test); the pipelines' worker measures the peaks too.",
+        quick_help="Tiny sizes and few steps (a smoke test); two TensorFlow processes: under processes the "
+        "client serves stage 0 and times the unit costs, under logical the pipelines' worker measures "
+        "the peaks too.",
     )
     parser.add_argument(
         "--peak_steps",
         type=int,
         default=PEAK_STEPS,
-        help="Steps whose allocator peak is read per schedule (in rounds); the median counts.",
+        help="Steps whose allocator peak is read per schedule (in rounds); the median counts (per device "
+        "under processes).",
+    )
+    parser.add_argument(
+        "--devices",
+        choices=DEVICES,
+        default="processes",
+        help="What a schedule device is: processes (default: a tf.distribute.Server process per device, "
+        "each pinned to its own core, 1 intra-op and 2 inter-op threads, driven by a client process; "
+        "peaks per device, the largest counts) or logical (two logical CPU devices of one process "
+        "sharing 2 cores; peaks of both devices together). --steps defaults to "
+        f"{STEPS['processes']} under processes (a step needs both pinned cores at once, so other work "
+        f"on the machine delays more of its steps), {STEPS['logical']} under logical.",
     )
     parser.add_argument("--verbose", action="store_true", help="Log each worker run to stderr.")
     args = parser.parse_args(argv)
+    args.steps = STEPS[args.devices] if args.steps is None else args.steps
     if args.quick:
         args.width, args.depth, args.batch, args.steps, args.warmup = 16, 4, 32, 1, 0
         args.peak_steps = 1
@@ -240,11 +363,10 @@ def _total_held_peak(
     return peak
 
 
-def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
-    """Every side: the schedules' steps and peaks, the units' costs and held bytes. Three workers:
-    the pipelines (2 cores), the unit costs (1 core), the peaks (the BFC allocator)."""
+def _units(args: argparse.Namespace) -> tuple[dict[str, dict], list[int]]:
+    """The unit cost steps (``cost_<depth>_<step>``) of every stage size the schedules cut, and those
+    sizes (layers per stage), smallest first."""
     k, m = NUM_DEVICES, args.micro_batches
-    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
     chunks = sorted({args.depth // (k * v) for _, v in SCHEDULES})
     unit_batch = args.batch // m
     units = {
@@ -257,6 +379,22 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
         for depth in chunks
         for step in COST_STEPS
     }
+    return units, chunks
+
+
+def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side, on the devices ``--devices`` names."""
+    if args.devices == "logical":
+        return _measure_logical(args, cpus)
+    return _measure_processes(args, cpus)
+
+
+def _measure_logical(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side: the schedules' steps and peaks, the units' costs and held bytes. Three workers:
+    the pipelines (2 cores), the unit costs (1 core), the peaks (the BFC allocator)."""
+    k, m = NUM_DEVICES, args.micro_batches
+    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
+    units, chunks = _units(args)
     pipelines = {
         **model, "side": "pipelines", "depth": args.depth, "batch": args.batch, "stages": k,
         "micro_batches": m, "remat": "never", "schedules": SCHEDULES, "cpus": cpus[:2],
@@ -296,6 +434,64 @@ def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     return {"times": best, "peaks": peaks, "chunks": chunks}
 
 
+def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+    """Every side with each schedule device a stage process of its own (``remote.Pipeline``: pinned to
+    its own core, 1 intra-op and 2 inter-op threads, the BFC allocator) and a client process driving
+    the six schedules' steps and the hand-off steps; a worker for the unit costs (1 core, the BFC
+    allocator too); under ``--quick`` the client times the unit costs itself. Then ``--peak_steps``
+    rounds of every schedule's step, each stage process's allocator reset before it and read after."""
+    k, m = NUM_DEVICES, args.micro_batches
+    model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
+    units, chunks = _units(args)
+    client = {
+        **model, "depth": args.depth, "batch": args.batch, "stages": k, "micro_batches": m,
+        "remat": "never", "schedules": SCHEDULES, "cpus": cpus[:2], "intra_op_threads": 1,
+        "inter_op_threads": 2, "measure": "time", "stage_peaks": True, "stage_cpus": "own",
+    }  # fmt: skip
+    costs = {
+        **model, "side": "costs", "units": units, "cpus": cpus[:1], "intra_op_threads": 1,
+        "inter_op_threads": 1, "measure": "time", "bfc_allocator": True,
+    }  # fmt: skip
+    if args.quick:  # a smoke test: the client times the units and serves stage 0 (two starts less)
+        client.update(units=units, client_hosts_stage=True)
+    if args.verbose:
+        print(f"schedules benchmark: {json.dumps([client, costs], sort_keys=True)}", file=sys.stderr)
+    times: dict[str, list[float]] = {}
+    held: dict[str, list[list[int]]] = {name: [] for name, _ in SCHEDULES}
+    peaks: dict[str, dict] = {}
+    pipeline = remote.Pipeline(client, cpus, client="schedules")
+    workers = {"client": pipeline.client}
+    try:
+        if not args.quick:
+            workers["costs"] = harness.Worker("schedules", costs)
+        for worker in workers.values():
+            worker.read()  # ready
+        names = [(pipeline.client, name) for name, _ in SCHEDULES]
+        names += [(pipeline.client, "handoff_moving"), (pipeline.client, "handoff_staying")]
+        names += [(workers.get("costs", pipeline.client), name) for name in units]
+        for _ in range(args.steps):  # alternating rounds: every side sees the same load
+            for worker, name in names:
+                times.setdefault(name, []).append(worker.ask(f"step {name}")["step_s"])
+        for _ in range(args.peak_steps):  # rounds: every schedule's step in turn
+            for name, _ in SCHEDULES:
+                before = pipeline.ask_stages("reset")
+                pipeline.client.ask(f"step {name}")
+                after = pipeline.ask_stages("peak")
+                held[name].append([a["peak_bytes"] - b["current_bytes"] for a, b in zip(after, before)])
+                peaks[name] = {
+                    "peak_bytes": [a["peak_bytes"] for a in after],
+                    "resident_bytes": [b["current_bytes"] for b in before],
+                }
+    finally:
+        if "costs" in workers:
+            workers["costs"].close()
+        pipeline.close()
+    for name, steps in held.items():
+        peaks[name]["held_bytes"] = steps
+    best = {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
+    return {"times": best, "peaks": peaks, "chunks": chunks}
+
+
 def held_bytes(depth: int, rows: int, width: int) -> int:
     """What one (stage, micro-batch) of ``depth`` dense layers keeps for its backward: the stage's
     input and each layer's output (float32), which the weight gradient of the next layer and the relu's
@@ -325,14 +521,90 @@ def sums_bytes(depth: int, width: int) -> int:
     return depth * (width * width + width) * 4
 
 
+def received_held_changes(evs: Any, boundary: float, transfer: float) -> list[list[tuple[float, float]]]:
+    """Per device, (time, change) of what it holds beyond ``held_over_time`` when the hand-offs are
+    copies between processes: a stage's input (``boundary`` bytes, a micro-batch's activation, counted
+    from the stage's forward by ``held_bytes``) is received, so held, from the sender's forward's end
+    plus ``transfer`` (a receive waits for nothing on its own device; TensorFlow starts it with the
+    step) to that forward's start; and the gradient for a stage's output (``boundary`` bytes) from the
+    next stage's B (or I) end plus ``transfer`` to the end of the stage's own B (or I), which reads
+    it. Hand-offs within a device (an interleaved stage to the next on the same device: none at K=2)
+    are not copies."""
+    from layers.parallel.pipeline import schedule as schedules
+
+    rows = max(e.row for e in evs) + 1
+    unit = {(e.stage, e.micro_batch, e.kind): e for e in evs}
+    changes: list[list[tuple[float, float]]] = [[] for _ in range(rows)]
+    for e in evs:
+        if e.stage == 0:
+            continue
+        if e.kind == schedules.FORWARD:
+            sender = unit[(e.stage - 1, e.micro_batch, schedules.FORWARD)]
+            if sender.row != e.row:
+                changes[e.row] += [(sender.end + transfer, boundary), (e.start, -boundary)]
+        if e.kind in (schedules.BACKWARD, schedules.BACKWARD_INPUT):
+            receiver = unit.get((e.stage - 1, e.micro_batch, e.kind))
+            if receiver is not None and receiver.row != e.row:
+                changes[receiver.row] += [(e.end + transfer, boundary), (receiver.end, -boundary)]
+    return changes
+
+
+def process_weights(
+    weights: tuple[list[float], list[float], list[float]], boundary: float
+) -> tuple[list[float], list[float], list[float]]:
+    """The per-stage weights (held, after I, sums) as a stage process holds them: the first stage's
+    input is a slice of the batch its process holds between steps (an aligned split aliases it), so
+    its micro-batches weigh ``boundary`` less, from the forward on and after I (its first layer's
+    input is what W reads of it); the last stage's head keeps the difference of its output and the
+    target (the square's gradient reads it) from its forward to its B or I: ``boundary`` more."""
+    held, after_input, sums = (list(w) for w in weights)
+    held[0] -= boundary
+    after_input[0] = max(0.0, after_input[0] - boundary)
+    held[-1] += boundary
+    return held, after_input, sums
+
+
+def process_peaks(
+    evs: Any,
+    weights: tuple[list[float], list[float], list[float]],
+    boundary: float,
+    transfer: float,
+) -> list[float]:
+    """Per device, the most bytes held at once (``held_over_time`` with ``weights``: held, after I,
+    sums) with the hand-offs' received copies (``received_held_changes``)."""
+    from layers.parallel.pipeline import schedule as schedules
+
+    extra = received_held_changes(evs, boundary, transfer)
+    out = []
+    for row, steps in enumerate(schedules.held_over_time(evs, *weights)):
+        changes, previous = list(extra[row]) if row < len(extra) else [], 0.0
+        for t, level in steps:
+            changes.append((t, level - previous))
+            previous = level
+        level, peak = 0.0, 0.0
+        for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # a release before an acquire
+            level += delta
+            peak = max(peak, level)
+        out.append(peak)
+    return out
+
+
 def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """One figure per schedule (the fields of its JSON line, without the load average)."""
     from layers.parallel.pipeline import simulator
 
     k, m = NUM_DEVICES, args.micro_batches
     times, peaks = measured["times"], measured["peaks"]
+    processes = args.devices == "processes"
     widest = measured["chunks"][-1]
-    alone = max(1.0, times[f"cost_{widest}_gradients"]["best"] / times["alone"]["best"])
+    if processes:  # a stage owns its core; a hand-off is a copy between the stage processes
+        alone = 1.0
+        moved = times["handoff_moving"]["best"] - times["handoff_staying"]["best"]
+        transfer = max(0.0, moved / HANDOFF_HOPS)
+    else:  # a lone stage borrows the idle core; a hand-off shares memory
+        alone = max(1.0, times[f"cost_{widest}_gradients"]["best"] / times["alone"]["best"])
+        transfer = 0.0
+    boundary = float(args.batch // m * args.width * 4)  # a micro-batch's activation (or its gradient)
     out = []
     for name, v in SCHEDULES:
         depth = args.depth // (k * v)
@@ -347,31 +619,48 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
         costs = simulator.StageCosts.given(
             [forward] * stages,
             [backward] * stages,
+            transfer=transfer,
             alone_speedup=alone,
             backward_input=[backward_input] * stages,
             backward_weight=[backward - backward_input] * stages,
         )
         prediction = simulator.simulate(name, m, "never", costs, virtual_stages=v)
         step = times[name]["best"]
-        peak = statistics.median(peaks[name]["held_bytes"])
         held = held_bytes(depth, args.batch // m, args.width)
         weights = (
             [float(held)] * stages,
             [float(weight_held_bytes(depth, args.batch // m, args.width))] * stages,
             [float(sums_bytes(depth, args.width))] * stages,
         )
-        predicted_peak = _total_held_peak(prediction.events, *weights)
-        per_device = simulator.schedules.peak_held(prediction.events, *weights)
+        if processes:
+            per_step = peaks[name]["held_bytes"]  # per step, per device
+            measured_per_device = [statistics.median(s[d] for s in per_step) for d in range(k)]
+            peak = max(measured_per_device)
+            per_device = process_peaks(
+                prediction.events, process_weights(weights, boundary), boundary, transfer
+            )
+            predicted_peak = max(per_device)
+            where: dict[str, Any] = {
+                "peak_activation_bytes_per_device": [int(b) for b in measured_per_device],
+                "transfer_s": round(transfer, 6),
+            }
+        else:
+            peak = statistics.median(peaks[name]["held_bytes"])
+            predicted_peak = _total_held_peak(prediction.events, *weights)
+            per_device = simulator.schedules.peak_held(prediction.events, *weights)
+            where = {}
         out.append(
             {
                 "name": "schedule",
                 "value": simulator.relative_error(prediction.step_time, step),
                 "schedule": name,
                 "virtual_stages": v,
+                "devices": args.devices,
                 "step_s": round(step, 6),
                 "predicted_step_s": round(prediction.step_time, 6),
                 "peak_activation_bytes": int(peak),
                 "predicted_peak_activation_bytes": int(predicted_peak),
+                **where,
                 "median_step_s": round(times[name]["median"], 6),
                 "predicted_bubble": round(prediction.bubble, 4),
                 "unit_costs_s": {
@@ -385,9 +674,9 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
                 "held_bytes_input_to_weight": int(weights[1][0]),
                 "gradient_sums_bytes_per_stage": int(weights[2][0]),
                 "predicted_peak_per_device_bytes": [int(b) for b in per_device],
-                "peak_activation_bytes_per_step": [int(b) for b in peaks[name]["held_bytes"]],
-                "allocator_peak_bytes": int(peaks[name]["peak_bytes"]),
-                "resident_bytes": int(peaks[name]["resident_bytes"]),
+                "peak_activation_bytes_per_step": peaks[name]["held_bytes"],
+                "allocator_peak_bytes": peaks[name]["peak_bytes"],
+                "resident_bytes": peaks[name]["resident_bytes"],
                 "target_error": TARGET_ERROR,
                 "stages": k,
                 "micro_batches": m,
