@@ -352,14 +352,25 @@ def _total_held_peak(
 
     changes = []
     for row in schedules.held_over_time(events, weight, after_input, sums):
-        previous = 0.0
-        for t, level in row:
-            changes.append((t, level - previous))
-            previous = level
-    total, peak = 0.0, 0.0
-    for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # a release before an acquire
-        total += delta
-        peak = max(peak, total)
+        changes += _level_changes(row)
+    return _peak_of(changes)
+
+
+def _level_changes(steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A step function's (time, level) points as (time, change of level)."""
+    changes, previous = [], 0.0
+    for t, level in steps:
+        changes.append((t, level - previous))
+        previous = level
+    return changes
+
+
+def _peak_of(changes: list[tuple[float, float]]) -> float:
+    """The highest level the (time, change) pairs reach from 0, a release before an acquire at one time."""
+    level, peak = 0.0, 0.0
+    for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):
+        level += delta
+        peak = max(peak, level)
     return peak
 
 
@@ -577,15 +588,8 @@ def process_peaks(
     extra = received_held_changes(evs, boundary, transfer)
     out = []
     for row, steps in enumerate(schedules.held_over_time(evs, *weights)):
-        changes, previous = list(extra[row]) if row < len(extra) else [], 0.0
-        for t, level in steps:
-            changes.append((t, level - previous))
-            previous = level
-        level, peak = 0.0, 0.0
-        for _, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # a release before an acquire
-            level += delta
-            peak = max(peak, level)
-        out.append(peak)
+        received = list(extra[row]) if row < len(extra) else []
+        out.append(_peak_of(received + _level_changes(steps)))
     return out
 
 
