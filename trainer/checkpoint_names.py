@@ -20,10 +20,16 @@ levels of GPipe layers (``canonical``):
 
 The match must be one to one and cover every variable of the task, with the same shapes; values are
 assigned whole (a DVariable's split by its layout). ``checkpointer.restore_task`` (evalers, decoders,
-``tools.export``) uses it when the checkpoint's object graph does not match the task's, and the logdir
-guard lets an evaler or decoder of the other placement into the logdir when ``differences`` finds
-none. A trainer resumes only the placement that saved (its checkpoints hold the optimizer's slots by
-the variables' order, and the input position): the guard stops it in one line.
+``tools.export``) uses it when the checkpoint's object graph does not match the task's, and so does a
+trainer's ``Checkpointer.restore_latest`` (``match_training_state``): there the checkpoint must hold
+exactly the task's variables, and each optimizer slot is found by its variable's name too. A
+checkpoint keys the slots by position (the i-th variable the learner was built for, an order each
+placement makes), and names each ``<variable>/<optimizer>/<slot>`` (tasks/optimizers.py), a name its
+object graph records (TensorFlow's ``slot_variables`` links are written only for optimizers whose
+slots are not their own tracked variables, which ours are). The global step, input position and save
+counter restore by the object graph, as in any resume. The logdir guard lets an evaler, decoder or
+trainer of the other placement into the logdir when ``differences`` finds none (a trainer not for a
+checkpoint whose slots are named by position alone: ``saved_slots``).
 """
 
 from __future__ import annotations
