@@ -120,13 +120,17 @@ def saved_slots(reader: Any) -> dict[str, dict[str, str]]:
 
 
 def placed_otherwise(task: tf.Module, saved: dict[str, str]) -> bool:
-    """Whether the task's variables, named as ``saved`` (``saved_variables``) names them, differ by
-    GPipe levels: the checkpoint then restores by name, not by its object graph."""
+    """Whether the checkpoint's variables (``saved``: ``saved_variables``) are the task's placed
+    otherwise: other names, the same without the GPipe levels of either side. The checkpoint then
+    restores by name; any other difference is left to the restore by the object graph (and its
+    error)."""
     names = {name_of(v) for v in task.variables}
     if set(saved) == names:
         return False
     own = task_levels(task)
-    return bool(own) or bool(inferred_levels(saved, {drop_levels(n, own) for n in names}))
+    wanted = {drop_levels(n, own) for n in names}
+    levels = inferred_levels(saved, wanted)
+    return {drop_levels(n, levels) for n in saved} == wanted
 
 
 def match(task: tf.Module, saved: dict[str, str]) -> dict[str, tuple[tf.Variable, str]]:
