@@ -195,11 +195,10 @@ def match_training_state(task: tf.Module, optimizer: Any, reader: Any) -> list[t
     return out
 
 
-def restore_training_by_name(task: tf.Module, optimizer: Any, path: str) -> int:
+def restore_training_by_name(task: tf.Module, optimizer: Any, reader: Any) -> int:
     """Assigns every variable of ``task`` and every slot of ``optimizer`` from the training checkpoint
-    at ``path``, matched by name (``match_training_state``; nothing is assigned unless all match);
-    returns how many."""
-    reader = tf.train.load_checkpoint(path)
+    ``reader`` reads (``tf.train.load_checkpoint``), matched by name (``match_training_state``;
+    nothing is assigned unless all match and all values are read); returns how many."""
     triples = match_training_state(task, optimizer, reader)
     values = [reader.get_tensor(key) for _, _, key in triples]
     for (_, v, _), value in zip(triples, values):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from google.protobuf import text_format as proto_text
@@ -261,11 +262,12 @@ class Checkpointer:
                 "is missing; restore it or fix that file"
             )
         try:
-            by_name = self._placed_otherwise(path)
-        except (tf.errors.OpError, ValueError):  # no object graph to read names from: by the graph
+            reader = tf.train.load_checkpoint(path)
+            by_name = self._placed_otherwise(reader)
+        except Exception:  # noqa: BLE001 (unreadable names: the restore below reports a damaged file)
             by_name = False
         if by_name:
-            self._restore_by_name(path)
+            self._restore_by_name(path, reader)
             return path
         try:
             holds_iterator = _holds_iterator(path)
@@ -281,29 +283,30 @@ class Checkpointer:
             raise _corrupt(path, e) from None
         return path
 
-    def _placed_otherwise(self, path: str) -> bool:
+    def _placed_otherwise(self, reader: Any) -> bool:
         """Whether the checkpoint holds this task placed otherwise (a GPipe level more or less)."""
         task = self._objects.get("task")
         if task is None or "learner" not in self._objects:
             return False
-        reader = tf.train.load_checkpoint(path)
         return checkpoint_names.placed_otherwise(task, checkpoint_names.saved_variables(reader))
 
-    def _restore_by_name(self, path: str) -> None:
+    def _restore_by_name(self, path: str, reader: Any) -> None:
         """The restore of a checkpoint of another placement: the task's variables and the optimizer's
         slots by the variables' names (trainer/checkpoint_names.py: all must match, or nothing is
         assigned), the rest (global step, input position, save counter) by the object graph."""
         task, learner = self._objects["task"], self._objects["learner"]
         try:
-            checkpoint_names.restore_training_by_name(task, learner.optimizer, path)
+            checkpoint_names.restore_training_by_name(task, learner.optimizer, reader)
         except ValueError as e:
             raise UserError(
                 f"checkpoint {path} holds this model placed otherwise (a GPipe level more or less), "
                 f"but it does not restore into it by the variables' names: {e}; nothing was changed"
             ) from None
+        except Exception as e:  # a damaged file raises many types; all mean unreadable
+            raise _corrupt(path, e) from None
         rest = {k: v for k, v in self._objects.items() if k not in ("task", "learner")}
         try:
-            saved = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+            saved = {key.split("/")[0] for key in reader.get_variable_to_shape_map()}
             missing = [k for k in rest if k not in saved and k != "iterator"]
             if missing:
                 raise ValueError(f"it holds no {missing[0]}")
@@ -312,7 +315,7 @@ class Checkpointer:
             status = tf.train.Checkpoint(**rest).read(path)
             status.expect_partial().assert_existing_objects_matched()
             if "save_counter" in saved:
-                counter = tf.train.load_checkpoint(path).get_tensor("save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+                counter = reader.get_tensor("save_counter/.ATTRIBUTES/VARIABLE_VALUE")
                 self._checkpoint.save_counter.assign(counter)
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
