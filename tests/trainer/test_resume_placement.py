@@ -47,11 +47,12 @@ def _root(*knobs: str):
         gin.clear_config()
 
 
-def _train(logdir, knobs: tuple[str, ...], until: int) -> list[str]:
+def _train(logdir, knobs: tuple[str, ...], until: int) -> tuple[list[str], bool]:
+    """The trainer's lines, and whether its restore positioned the input iterator."""
     lines: list[str] = []
     with TrainLoop(_root(*knobs), str(logdir), log=lines.append) as loop:
         assert loop.run(until) == until
-    return lines
+        return lines, loop.checkpointer.restored_input_position
 
 
 def _state(logdir, step: int) -> dict[str, np.ndarray]:
@@ -75,8 +76,9 @@ def straight(tmp_path_factory):
 
 def _check_hops(logdir, hops: list[tuple[str, ...]], straight: dict[str, np.ndarray]) -> None:
     for i, knobs in enumerate(hops):
-        lines = _train(logdir, knobs, (i + 1) * N)
+        lines, positioned = _train(logdir, knobs, (i + 1) * N)
         if i:
+            assert positioned  # the iterator itself, not a skip to the step's batch
             assert f"trainer: resumed from {logdir / 'train' / f'ckpt-{i * N}'} at step {i * N}" in lines
             assert "trainer: the Params differ from" in "\n".join(lines)  # a Params change, no flag
     got = _state(logdir, 3 * N)
