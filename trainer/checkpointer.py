@@ -300,7 +300,8 @@ class Checkpointer:
         except ValueError as e:
             raise UserError(
                 f"checkpoint {path} holds this model placed otherwise (a GPipe level more or less), "
-                f"but it does not restore into it by the variables' names: {e}; nothing was changed"
+                f"but it does not restore into it by the variables' names: {e}; nothing was restored, "
+                "no checkpoint touched"
             ) from None
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
