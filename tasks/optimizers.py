@@ -5,6 +5,11 @@ variable, on its device), so a ``tf.train.Checkpoint`` that tracks the optimizer
 them. ``apply(grads, variables, lr, step)`` runs one update and can be called inside ``tf.function``.
 ``step`` is the global step before the update; step-dependent terms (Adam's bias correction,
 Adafactor's second-moment decay) use ``t = step + 1``.
+
+A checkpoint keys the slots by position (``slots/<i>/<slot>``: the i-th variable given to ``build``);
+each slot's name, which the checkpoint's object graph records beside its key, is
+``<variable name>/<optimizer>/<slot>`` (``slot_name``), so that a trainer placed otherwise (another
+order of the variables) finds each variable's slots by name (trainer/checkpoint_names.py).
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ from tensorflow.experimental import dtensor
 from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import Params
+
+
+def slot_name(var_name: str, optimizer: str, slot: str) -> str:
+    """The name of ``var_name``'s slot ``slot`` (module doc)."""
+    return f"{var_name}/{optimizer}/{slot}"
+
+
+def slot_owner(name: str) -> str | None:
+    """The variable name in a slot's name; None for a name without one (checkpoints written before
+    slots were named by their variables: ``adam.3.m``)."""
+    parts = name.rsplit("/", 2)
+    return parts[0] if len(parts) == 3 else None
 
 
 class Optimizer(tf.Module):
@@ -50,21 +67,26 @@ class Optimizer(tf.Module):
         if len(set(refs)) != len(refs):
             raise ValueError(f"{self.name}: the same variable is listed twice")
         with tf.init_scope():
-            for i, var in enumerate(variables):
+            for var in variables:
                 var_slots = {}
-                for slot_name, shape in self._slot_specs(var).items():
-                    name = f"{self.name}.{i}.{slot_name}"
+                for slot, shape in self._slot_specs(var).items():
+                    name = slot_name(var.name.split(":")[0], self.name, slot)
                     if isinstance(var, dtensor.DVariable):
-                        var_slots[slot_name] = _mesh_slot(var, list(shape), name)
+                        var_slots[slot] = _mesh_slot(var, list(shape), name)
                         continue
                     with tf.device(var.device):
-                        var_slots[slot_name] = tf.Variable(
-                            tf.zeros(shape, var.dtype), trainable=False, name=name
-                        )
+                        var_slots[slot] = tf.Variable(tf.zeros(shape, var.dtype), trainable=False, name=name)
                 # Appended to the list tracked since __init__, so a checkpoint restored before
                 # build() (deferred restoration) still reaches the new slots.
                 self.slots.append(var_slots)
         self._refs = refs
+
+    def slots_of(self, var: tf.Variable) -> dict[str, tf.Variable]:
+        """{slot name: slot variable} of ``var`` (a variable given to ``build``)."""
+        index = {ref: i for i, ref in enumerate(self._refs)}.get(var.ref())
+        if index is None:
+            raise ValueError(f"{self.name}: variable {var.name} was not given to build()")
+        return dict(self.slots[index])
 
     def slot_variables(self) -> list[tf.Variable]:
         """Every slot variable, in variable order (then by slot name)."""

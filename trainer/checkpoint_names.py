@@ -20,10 +20,16 @@ levels of GPipe layers (``canonical``):
 
 The match must be one to one and cover every variable of the task, with the same shapes; values are
 assigned whole (a DVariable's split by its layout). ``checkpointer.restore_task`` (evalers, decoders,
-``tools.export``) uses it when the checkpoint's object graph does not match the task's, and the logdir
-guard lets an evaler or decoder of the other placement into the logdir when ``differences`` finds
-none. A trainer resumes only the placement that saved (its checkpoints hold the optimizer's slots by
-the variables' order, and the input position): the guard stops it in one line.
+``tools.export``) uses it when the checkpoint's object graph does not match the task's, and so does a
+trainer's ``Checkpointer.restore_latest`` (``match_training_state``): there the checkpoint must hold
+exactly the task's variables, and each optimizer slot is found by its variable's name too. A
+checkpoint keys the slots by position (the i-th variable the learner was built for, an order each
+placement makes), and names each ``<variable>/<optimizer>/<slot>`` (tasks/optimizers.py), a name its
+object graph records (TensorFlow's ``slot_variables`` links are written only for optimizers whose
+slots are not their own tracked variables, which ours are). The global step, input position and save
+counter restore by the object graph, as in any resume. The logdir guard lets an evaler, decoder or
+trainer of the other placement into the logdir when ``differences`` finds none (a trainer not for a
+checkpoint whose slots are named by position alone: ``saved_slots``).
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from tasks import optimizers
 from trainer import tf_compat
 
 TASK = "task"  # the name of the task in the trainer's checkpoints (tf.train.Checkpoint(task=...))
+LEARNER = "learner"  # ... and of its learner, whose only variables are the optimizer's slots
 SHOWN = 3
 
 
@@ -76,21 +84,63 @@ def inferred_levels(saved: Iterable[str], wanted: Iterable[str]) -> set[str]:
     return levels
 
 
-def saved_variables(reader: Any) -> dict[str, str]:
-    """{variable name: checkpoint key} of the task's variables in the checkpoint ``reader``
-    (``tf.train.load_checkpoint``) reads."""
+def _attributes(reader: Any, prefix: str) -> list[tuple[str, str]]:
+    """(name, checkpoint key) of the variables whose key starts with ``prefix``, from the object graph
+    of the checkpoint ``reader`` (``tf.train.load_checkpoint``) reads."""
     graph = tf_compat.checkpoint_object_graph(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    return {
-        a.full_name: a.checkpoint_key
+    return [
+        (a.full_name, a.checkpoint_key)
         for node in graph.nodes
         for a in node.attributes
-        if a.name == "VARIABLE_VALUE" and a.checkpoint_key.startswith(f"{TASK}/")
-    }
+        if a.name == "VARIABLE_VALUE" and a.checkpoint_key.startswith(prefix)
+    ]
+
+
+def saved_variables(reader: Any) -> dict[str, str]:
+    """{variable name: checkpoint key} of the task's variables in the checkpoint ``reader`` reads."""
+    return dict(_attributes(reader, f"{TASK}/"))
+
+
+def saved_slots(reader: Any) -> dict[str, dict[str, str]]:
+    """{variable name: {slot: checkpoint key}} of the learner's slots in the checkpoint ``reader``
+    reads, by the variable names in the slots' names (tasks/optimizers.py); ValueError for a checkpoint
+    whose slots are known by position only."""
+    out: dict[str, dict[str, str]] = {}
+    for name, key in _attributes(reader, f"{LEARNER}/"):
+        owner = optimizers.slot_owner(name)
+        if owner is None:
+            raise ValueError(
+                f"its optimizer slots are known by position only (slot {name}: written before slots "
+                "were named by their variables), so they cannot follow the variables into another "
+                "placement; resume it once with the placement that wrote it, and that run's next "
+                "checkpoint resumes in any"
+            )
+        out.setdefault(owner, {})[name.rpartition("/")[2]] = key
+    return out
+
+
+def placed_otherwise(task: tf.Module, saved: dict[str, str]) -> bool:
+    """Whether the checkpoint's variables (``saved``: ``saved_variables``) are the task's placed
+    otherwise: other names, the same without the GPipe levels of either side. The checkpoint then
+    restores by name; any other difference is left to the restore by the object graph (and its
+    error)."""
+    names = {name_of(v) for v in task.variables}
+    if set(saved) == names:
+        return False
+    own = task_levels(task)
+    wanted = {drop_levels(n, own) for n in names}
+    levels = inferred_levels(saved, wanted)
+    return {drop_levels(n, levels) for n in saved} == wanted
 
 
 def match(task: tf.Module, saved: dict[str, str]) -> dict[str, tuple[tf.Variable, str]]:
     """{canonical name: (the task's variable, its checkpoint key)} for every variable of the task;
     ValueError naming what does not match (a variable missing, two that map to one name)."""
+    return _match(task, saved)[0]
+
+
+def _match(task: tf.Module, saved: dict[str, str]) -> tuple[dict[str, tuple[tf.Variable, str]], set[str]]:
+    """``match``'s pairs, and the checkpoint's levels."""
     own = task_levels(task)
     wanted: dict[str, tf.Variable] = {}
     for v in task.variables:
@@ -112,7 +162,48 @@ def match(task: tf.Module, saved: dict[str, str]) -> dict[str, tuple[tf.Variable
             f"the checkpoint holds no variable named {', '.join(missing[:SHOWN])}{more} (GPipe levels "
             f"left out: the task's {own or 'none'}, the checkpoint's {sorted(levels) or 'none'})"
         )
-    return {name: (v, keys[name]) for name, v in wanted.items()}
+    return {name: (v, keys[name]) for name, v in wanted.items()}, levels
+
+
+def match_training_state(task: tf.Module, optimizer: Any, reader: Any) -> list[tuple[str, tf.Variable, str]]:
+    """(name, variable, checkpoint key) for every variable of ``task`` and every slot of ``optimizer``
+    (tasks/optimizers.py, built for the task's trainable variables), each slot found by its variable's
+    name; the checkpoint must hold exactly these, at the same shapes. ValueError naming the first
+    mismatch (a variable missing or left over, a slot missing or left over, a shape)."""
+    saved = saved_variables(reader)
+    pairs, levels = _match(task, saved)
+    left_over = sorted({drop_levels(name, levels) for name in saved} - set(pairs))
+    if left_over:
+        raise ValueError(f"the checkpoint's variable {left_over[0]} has no place in this model")
+    slots = {drop_levels(owner, levels): by_slot for owner, by_slot in saved_slots(reader).items()}
+    out = [(name, v, key) for name, (v, key) in pairs.items()]
+    for name, (v, _) in pairs.items():
+        own = optimizer.slots_of(v) if v.trainable else {}
+        have = slots.pop(name, {})
+        for slot in sorted(set(own) | set(have)):
+            if slot not in have:
+                raise ValueError(f"the checkpoint holds no optimizer slot {slot} of {name}")
+            if slot not in own:
+                raise ValueError(f"the checkpoint's optimizer slot {slot} of {name} has no place here")
+            out.append((f"{name}/{slot}", own[slot], have[slot]))
+    if slots:
+        raise ValueError(f"the checkpoint holds optimizer slots of {sorted(slots)[0]}, not a variable here")
+    shapes = reader.get_variable_to_shape_map()
+    for name, v, key in out:
+        if list(shapes[key]) != v.shape.as_list():
+            raise ValueError(f"{name}: shape {list(shapes[key])} in the checkpoint, {v.shape.as_list()} here")
+    return out
+
+
+def restore_training_by_name(task: tf.Module, optimizer: Any, reader: Any) -> int:
+    """Assigns every variable of ``task`` and every slot of ``optimizer`` from the training checkpoint
+    ``reader`` reads (``tf.train.load_checkpoint``), matched by name (``match_training_state``;
+    nothing is assigned unless all match and all values are read); returns how many."""
+    triples = match_training_state(task, optimizer, reader)
+    values = [reader.get_tensor(key) for _, _, key in triples]
+    for (_, v, _), value in zip(triples, values):
+        assign_whole(v, value)
+    return len(triples)
 
 
 def differences(task: tf.Module, path: str) -> list[str]:

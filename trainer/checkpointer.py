@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from google.protobuf import text_format as proto_text
@@ -216,6 +217,7 @@ class Checkpointer:
     def __init__(self, train_dir: str, max_to_keep: int, **objects: tf.Module | tf.Variable) -> None:
         """``objects``: what a checkpoint holds (task, learner, global_step, iterator).
         ``max_to_keep`` <= 0 keeps every checkpoint."""
+        self._objects = dict(objects)
         self._checkpoint = tf.train.Checkpoint(**objects)
         # Without an iterator (data-parallel or async training position the input by the step), a
         # checkpoint written by one process, which holds its iterator too, restores all but that.
@@ -245,6 +247,9 @@ class Checkpointer:
     def restore_latest(self) -> str | None:
         """Restores everything from the latest checkpoint; returns its path (None: nothing saved yet).
 
+        A checkpoint of the task placed otherwise (a GPipe level more or less in the variables'
+        paths: trained plain and resumed pipelined, or the other way round) restores by the
+        variables' names, the optimizer's slots by their variables' names (``_restore_by_name``).
         A checkpoint that cannot be read, or that does not match the model, is a UserError; nothing
         is deleted.
         """
@@ -256,6 +261,14 @@ class Checkpointer:
                 f"the latest checkpoint {path} named by {files.join(self._manager.directory, 'checkpoint')} "
                 "is missing; restore it or fix that file"
             )
+        try:
+            reader = tf.train.load_checkpoint(path)
+            by_name = self._placed_otherwise(reader)
+        except Exception:  # noqa: BLE001 (unreadable names: the restore below reports a damaged file)
+            by_name = False
+        if by_name:
+            self._restore_by_name(path, reader)
+            return path
         try:
             holds_iterator = _holds_iterator(path)
             status = self._checkpoint.read(path)
@@ -269,6 +282,45 @@ class Checkpointer:
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
         return path
+
+    def _placed_otherwise(self, reader: Any) -> bool:
+        """Whether the checkpoint holds this task placed otherwise (a GPipe level more or less)."""
+        task = self._objects.get("task")
+        if task is None or "learner" not in self._objects:
+            return False
+        return checkpoint_names.placed_otherwise(task, checkpoint_names.saved_variables(reader))
+
+    def _restore_by_name(self, path: str, reader: Any) -> None:
+        """The restore of a checkpoint of another placement: the task's variables and the optimizer's
+        slots by the variables' names (trainer/checkpoint_names.py: all must match, or nothing is
+        assigned), the rest (global step, input position, save counter) by the object graph."""
+        task, learner = self._objects["task"], self._objects["learner"]
+        try:
+            checkpoint_names.restore_training_by_name(task, learner.optimizer, reader)
+        except ValueError as e:
+            raise UserError(
+                f"checkpoint {path} holds this model placed otherwise (a GPipe level more or less), "
+                f"but it does not restore into it by the variables' names: {e}; nothing was restored, "
+                "no checkpoint touched"
+            ) from None
+        except Exception as e:  # a damaged file raises many types; all mean unreadable
+            raise _corrupt(path, e) from None
+        rest = {k: v for k, v in self._objects.items() if k not in ("task", "learner")}
+        try:
+            saved = {key.split("/")[0] for key in reader.get_variable_to_shape_map()}
+            missing = [k for k in rest if k not in saved and k != "iterator"]
+            if missing:
+                raise ValueError(f"it holds no {missing[0]}")
+            if "iterator" not in saved:
+                rest.pop("iterator", None)  # positioned by the step (as restore_latest's other path)
+            status = tf.train.Checkpoint(**rest).read(path)
+            status.expect_partial().assert_existing_objects_matched()
+            if "save_counter" in saved:
+                counter = reader.get_tensor("save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+                self._checkpoint.save_counter.assign(counter)
+        except Exception as e:  # a damaged file raises many types; all mean unreadable
+            raise _corrupt(path, e) from None
+        self.restored_input_position = "iterator" in rest
 
     def save(self, step: int) -> str:
         """Writes ``ckpt-<step>``, makes it the latest and applies retention."""

@@ -6,6 +6,10 @@
 - Other model shapes than the latest checkpoint holds (a task variable added, removed or reshaped,
   found by comparing the checkpoint's variables with the new task's): stop, one line naming them and
   pointing to a new logdir, even with ``--allow_params_change`` (no checkpoint there could be restored).
+  Another placement of the same model (a GPipe level more or less in the variables' paths: pipelined
+  or not, on stage meshes or not) is no shape change: its checkpoint restores by the variables' names
+  (trainer/checkpoint_names.py), a trainer's with the optimizer's slots, and the Params change that
+  chose it follows the rules below like any other.
 - A finished run (latest checkpoint at ``task.train.max_steps``) with changed settings: stop, one line;
   the changes could not train anything (raise max_steps to continue it).
 - Otherwise (say a new learning rate for a run that goes on): go on, print what changed, and the
@@ -94,13 +98,19 @@ def _refuse_shape_changes(root: Params, logdir: str, trains: bool = True) -> Non
     """ConfigError if the model's variables differ from the logdir's latest checkpoint's (added,
     removed, reshaped), before any restore. Every checkpoint of the logdir holds the old shapes, so none
     could be restored into the new model (a restore would fail after the run had started). Variables
-    that differ only by a GPipe level (the same experiment pipelined or not) restore by name into an
-    evaler or decoder (trainer/checkpoint_names.py); a trainer is stopped, in its own line."""
+    that differ only by a GPipe level (the same experiment pipelined or not) restore by name
+    (trainer/checkpoint_names.py), into a trainer too, with the optimizer's slots, the global step and
+    the input position; only a checkpoint whose slots are known by position alone (written before
+    they were named by their variables) stops a trainer, in its own line."""
     listed = checkpointer.list_checkpoints(files.join(logdir, "train"))
     if not listed:
         return
     path = listed[-1][1]
-    task = experiment.task_params_for(root, "train").instantiate()
+    from trainer.distributed.mesh_placement import without_stage_meshes
+
+    # Stages on meshes of their own: their checkpoints hold the task on plain devices (the host
+    # mirror), and DTensor cannot write one checkpoint of variables on several meshes.
+    task = without_stage_meshes(experiment.task_params_for(root, "train")).instantiate()
     shapes = _shape_changes(task, path)
     if not shapes:
         return
@@ -109,14 +119,15 @@ def _refuse_shape_changes(root: Params, logdir: str, trains: bool = True) -> Non
     except (tf.errors.OpError, ValueError):  # no object graph to read names from: by keys only
         placement_only = False
     if placement_only:
-        if not trains:
-            return
-        raise ConfigError(
-            f"--logdir={logdir}: the model's variables sit under other paths than in checkpoint "
-            f"{path} (a GPipe level more or less: {shapes[0]}); evalers and decoders restore it by "
-            f"name, but a trainer resumes only the placement that saved it, even with {FLAG}: train "
-            "it in a new --logdir"
-        )
+        if trains:  # the slots follow their variables by name: refused only for an older checkpoint
+            try:
+                checkpoint_names.saved_slots(tf.train.load_checkpoint(path))
+            except ValueError as e:
+                raise ConfigError(
+                    f"--logdir={logdir}: checkpoint {path} holds the model placed otherwise (a GPipe "
+                    f"level more or less: {shapes[0]}), and {e}"
+                ) from None
+        return
     more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
     raise ConfigError(
         f"--logdir={logdir}: the model's variables differ from checkpoint {path}: "

@@ -157,3 +157,21 @@ def test_build_rejects_a_different_variable_list() -> None:
         opt.build([b, a])
     with pytest.raises(ValueError, match="not given to build"):
         opt.apply([tf.constant(1.0)], [tf.Variable(3.0)], tf.constant(0.1), 0)
+
+
+def test_each_slot_is_named_by_its_variable() -> None:
+    """A slot's name (which a checkpoint's object graph records) names its variable, so a trainer
+    that orders the variables otherwise finds the slots by name (trainer/checkpoint_names.py)."""
+    a, b = tf.Variable(tf.zeros([2]), name="task.a.w"), tf.Variable(tf.zeros([3]), name="task.b.w")
+    opt = optimizers.Adam(0.9, 0.999, 1e-7)
+    opt.build([a, b])
+    assert {k: v.name for k, v in opt.slots_of(b).items()} == {
+        "m": "task.b.w/adam/m:0",
+        "v": "task.b.w/adam/v:0",
+    }
+    assert [optimizers.slot_owner(s.name.split(":")[0]) for s in opt.slot_variables()] == ["task.a.w"] * 2 + [
+        "task.b.w"
+    ] * 2
+    assert optimizers.slot_owner("adam.3.m") is None  # the names of older checkpoints: by position only
+    with pytest.raises(ValueError, match="was not given to build"):
+        opt.slots_of(tf.Variable(0.0))

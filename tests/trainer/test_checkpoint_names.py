@@ -13,6 +13,7 @@ from tensorflow.experimental import dtensor
 
 from params import experiment
 from params.errors import ConfigError, UserError
+from tasks.learner import Learner
 from trainer import checkpoint_names, checkpointer, logdir_guard
 
 KNOBS = ["model_dim = 8", "hidden_dim = 16", "num_heads = 2", "batch_size = 4", "seq_length = 4"]
@@ -81,15 +82,29 @@ def test_a_checkpoint_of_another_model_is_one_line(tmp_path):
     assert "the checkpoint's ['task.stack.pipeline']" in str(e.value)
 
 
-def test_the_logdir_guard_lets_an_evaler_of_the_other_placement_in_and_stops_a_trainer(tmp_path):
+def test_the_logdir_guard_lets_a_trainer_of_the_other_placement_in_unless_its_slots_are_unnamed(tmp_path):
     pipelined = _root("stage_mesh_size = 1")
     (tmp_path / "params.txt").write_text(pipelined.to_text())
     task = experiment.task_params_for(pipelined, "train").instantiate()
-    checkpointer.Checkpointer(str(tmp_path / "train"), 1, task=task).save(1)
+    learner = Learner(task.params.train, list(task.trainable_variables))
+    saver = checkpointer.Checkpointer(str(tmp_path / "train"), 1, task=task, learner=learner)
+    saver.save(1)
     plain = _root("num_stages = 0")
-    changes = logdir_guard.check(plain, str(tmp_path), trains=False, log=lambda _: None)
-    assert "+ task.stack.pipeline : None" in changes  # the pipeline gone: allowed
-    with pytest.raises(ConfigError, match="^[^\n]*a trainer resumes only the placement that saved it"):
-        logdir_guard.check(plain, str(tmp_path), trains=True, allow=True, log=lambda _: None)
+    for trains in (False, True):  # the pipeline gone: a Params change like any other
+        changes = logdir_guard.check(plain, str(tmp_path), trains=trains, log=lambda _: None)
+        assert "+ task.stack.pipeline : None" in changes
     with pytest.raises(ConfigError, match="variables differ from checkpoint"):  # not the same model
         logdir_guard.check(_root("num_stages = 0", "num_layers = 2"), str(tmp_path), trains=False)
+
+    # Slots named by position only (checkpoints written before they were named by their variables).
+    old = tf.Module()
+    old.optimizer = tf.Module()
+    old.optimizer.slots = [
+        {"m": tf.Variable(tf.zeros(v.shape), name=f"adam.{i}.m")}
+        for i, v in enumerate(task.trainable_variables)
+    ]
+    checkpointer.Checkpointer(str(tmp_path / "train"), 1, task=task, learner=old).save(2)
+    assert logdir_guard.check(plain, str(tmp_path), trains=False, log=lambda _: None)  # an evaler: in
+    with pytest.raises(ConfigError, match="^[^\n]*optimizer slots are known by position only") as e:
+        logdir_guard.check(plain, str(tmp_path), trains=True, allow=True, log=lambda _: None)
+    assert "resume it once with the placement that wrote it" in str(e.value)
