@@ -1,8 +1,8 @@
 """A run that changes its placement between restarts trains on like one run: lm.synthetic.
-StageMeshTransformerLM trained plain (``num_stages = 0``) for N steps with Adam, then resumed
-pipelined (2 GPipe stages), then plain again (or on 2 stages x a 2-way mesh each, then pipelined),
-each hop a new trainer (``TrainLoop``, its logdir guard included) on the same logdir, ends within 1e-5
-of the plain model trained 3N steps in one go, optimizer slots included. The checkpoints it resumes
+StageMeshTransformerLM trained plain (``num_stages = 0``) for N steps with Adam, then resumed on 2
+stages x a 2-way mesh each, then pipelined (2 GPipe stages on plain devices), then plain again, each
+hop a new trainer (``TrainLoop``, its logdir guard included) on the same logdir, ends within 1e-5 of
+the plain model trained 4N steps in one go, optimizer slots included. The checkpoints it resumes
 name each variable one GPipe level apart; trainer/checkpoint_names.py maps the variables and, by
 their variables' names, Adam's m and v.
 
@@ -29,10 +29,11 @@ from trainer.train_job import TrainLoop
 N, TOL = 2, 1e-5
 KNOBS = [
     "model_dim = 8", "hidden_dim = 16", "num_heads = 2", "batch_size = 4", "seq_length = 4",
-    "num_layers = 2", "max_steps = 6", "warmup_steps = 2", "num_train_sequences = 32",
+    "num_layers = 2", "max_steps = 8", "warmup_steps = 2", "num_train_sequences = 32",
 ]  # fmt: skip
 OVERRIDE = f"task.train.optimizer : 'adam'; task.train.epsilon : 1e-4; task.train.save_interval_steps : {N}"
 PLAIN, PIPELINED, STAGE_MESHES = ("num_stages = 0",), ("stage_mesh_size = 1",), ()
+HOPS = (PLAIN, STAGE_MESHES, PIPELINED, PLAIN)
 
 
 def _root(*knobs: str):
@@ -68,10 +69,10 @@ def _state(logdir, step: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """The plain model trained 3N steps in one go (its state at 3N)."""
+    """The plain model trained as many steps as the hops in one go (its state then)."""
     logdir = tmp_path_factory.mktemp("straight")
-    _train(logdir, PLAIN, 3 * N)
-    return _state(logdir, 3 * N)
+    _train(logdir, PLAIN, len(HOPS) * N)
+    return _state(logdir, len(HOPS) * N)
 
 
 def _check_hops(logdir, hops: list[tuple[str, ...]], straight: dict[str, np.ndarray]) -> None:
@@ -81,12 +82,12 @@ def _check_hops(logdir, hops: list[tuple[str, ...]], straight: dict[str, np.ndar
             assert positioned  # the iterator itself, not a skip to the step's batch
             assert f"trainer: resumed from {logdir / 'train' / f'ckpt-{i * N}'} at step {i * N}" in lines
             assert "trainer: the Params differ from" in "\n".join(lines)  # a Params change, no flag
-    got = _state(logdir, 3 * N)
+    got = _state(logdir, len(hops) * N)
     assert sorted(got) == sorted(straight)
     assert sum(name.endswith(("/m", "/v")) for name in got) == 2 * sum(
         "/" not in n for n in got if n != "global_step"
     )
-    assert int(got["global_step"]) == 3 * N
+    assert int(got["global_step"]) == len(hops) * N
     diff = {name: float(np.max(np.abs(got[name] - want))) for name, want in straight.items()}
     weights = [name for name in straight if "/" not in name and name != "global_step"]
     worst = max(weights, key=diff.get)
@@ -97,14 +98,11 @@ def _check_hops(logdir, hops: list[tuple[str, ...]], straight: dict[str, np.ndar
     assert diff[worst] <= TOL, (worst, diff[worst])
 
 
-def test_plain_then_pipelined_then_plain_trains_like_one_plain_run(straight, tmp_path):
-    _check_hops(tmp_path, [PLAIN, PIPELINED, PLAIN], straight)
-
-
-def test_plain_then_pipeline_x_mesh_then_pipelined_trains_like_one_plain_run(straight, tmp_path):
-    """The stage-mesh trainer restores the plain checkpoint by name into its plain-device mirror
-    (what its checkpoints hold: the pipelined paths), and the pipelined trainer resumes that."""
-    _check_hops(tmp_path, [PLAIN, STAGE_MESHES, PIPELINED], straight)
+def test_plain_then_pipeline_x_mesh_then_pipelined_then_plain_trains_like_one_plain_run(straight, tmp_path):
+    """Each restart another placement: the stage-mesh trainer restores the plain checkpoint by name
+    into its plain-device mirror (what its checkpoints hold: the pipelined paths), the pipelined
+    trainer resumes that, and the plain one the pipelined's."""
+    _check_hops(tmp_path, list(HOPS), straight)
 
 
 def _saver(directory, *knobs: str, optimizer: str = "adam", reverse: bool = False):

@@ -3,8 +3,8 @@ experiment unpipelined and unsharded (``num_stages = 0``), from the same initial
 batches, with SGD and the global-norm clipping of the experiment's learner: shared by the
 pipeline x mesh tests, and run as a program for the combinations that need more logical devices than
 a test process has (``python -m tests.trainer.distributed.stage_mesh_training DEVICES SCHEDULES
-[KNOB ...]``: one JSON line per schedule, with the difference of its checkpoint restored into the
-unpipelined model)."""
+[--knob K] [--staged K]``: one JSON line per schedule, with the difference of its checkpoint restored
+into the unpipelined model)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,16 @@ STEPS, TOL = 20, 1e-5
 # (sums in another order on a split mesh) becomes a visible step (7e-5 after 20 Adam steps).
 OVERRIDE = "task.train.optimizer : 'sgd'; task.train.learning_rate : 0.5"
 KNOBS = [
-    "model_dim = 16", "hidden_dim = 32", "num_heads = 2", "batch_size = 8", "seq_length = 8",
-    "max_steps = 40", "warmup_steps = 2", "num_train_sequences = 64",
-]  # fmt: skip
+    "model_dim = 16",
+    "hidden_dim = 32",
+    "num_heads = 2",
+    "batch_size = 8",
+    "seq_length = 8",
+    "max_steps = 40",
+    "warmup_steps = 2",
+    "num_train_sequences = 64",
+    "num_layers = 2",
+]  # fmt: skip (a layer a stage: each stage's compile is most of a test's time)
 
 
 def root(*knobs: str):
@@ -94,7 +101,7 @@ def difference(staged, want: dict[str, np.ndarray]) -> float:
     return max(float(np.max(np.abs(whole(v) - want[key(v)]))) for v in staged.task.trainable_variables)
 
 
-def restored_unpipelined(staged, directory: str) -> dict[str, np.ndarray]:
+def restored_unpipelined(staged, directory: str, knobs: list[str]) -> dict[str, np.ndarray]:
     """``staged``'s checkpoint (the trainer's, the plain format) restored into the same experiment
     unpipelined (``num_stages = 0``), matched by the variables' names: its weights by key."""
     from params import experiment
@@ -102,22 +109,29 @@ def restored_unpipelined(staged, directory: str) -> dict[str, np.ndarray]:
     from trainer.distributed import mesh_placement
 
     path = mesh_placement.make_checkpointer(directory, 1, staged).save(STEPS)
-    unpipelined = experiment.task_params_for(root("num_stages = 0"), "dev").instantiate()
+    unpipelined = experiment.task_params_for(root("num_stages = 0", *knobs), "dev").instantiate()
     checkpointer.restore_task(unpipelined, path)
     return {key(v): v.numpy() for v in unpipelined.trainable_variables}
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
     import tensorflow as tf
 
-    devices, schedules, knobs = int(argv[0]), argv[1].split(","), argv[2:]
+    parser = argparse.ArgumentParser(prog="python -m tests.trainer.distributed.stage_mesh_training")
+    parser.add_argument("devices", type=int, help="logical CPU devices")
+    parser.add_argument("schedules", help="comma-separated GPipe schedules, one staged run each")
+    parser.add_argument("--knob", action="append", default=[], help="a gin knob of every run")
+    parser.add_argument("--staged", action="append", default=[], help="a gin knob of the staged runs")
+    args = parser.parse_args(argv)
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-    plain = train_step("num_stages = 0")
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices)
+    plain = train_step("num_stages = 0", *args.knob)
     start = weights(plain)
     staged_steps = []
-    for schedule in schedules:
-        staged = train_step(f'schedule = "{schedule}"', *knobs)
+    for schedule in args.schedules.split(","):
+        staged = train_step(f'schedule = "{schedule}"', *args.knob, *args.staged)
         start_alike(start, staged)
         staged_steps.append((schedule, staged))
     plain_loss = train(plain)
@@ -126,7 +140,7 @@ def main(argv: list[str]) -> int:
     for schedule, staged in staged_steps:
         loss = train(staged)
         with tempfile.TemporaryDirectory() as tmp:
-            restored = restored_unpipelined(staged, tmp)
+            restored = restored_unpipelined(staged, tmp, args.knob)
         line = {
             "schedule": schedule,
             "placement": type(staged.placement).__name__,
