@@ -97,6 +97,13 @@ def default_run(tmp_path_factory) -> TrainedRun:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first (otherwise in collection order): the workers hand out tests in this
+    order, so the long ones start early and the workers end together rather than one finishing a
+    long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadscope`` (what ``tools/dev.py test`` runs), as this suite wants it: a test file that

@@ -26,6 +26,8 @@ from trainer import checkpoint_names
 from trainer.checkpointer import Checkpointer
 from trainer.train_job import TrainLoop
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 N, TOL = 2, 1e-5
 KNOBS = [
     "model_dim = 8", "hidden_dim = 16", "num_heads = 2", "batch_size = 4", "seq_length = 4",

@@ -13,6 +13,8 @@ from trainer.checkpointer import Checkpointer
 from trainer.distributed.mesh_placement import MeshTrainStep, make_checkpointer
 from trainer.train_step import TrainStep
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 RULES = "batch:data;hidden:model;heads:model;vocab:model"
 
 

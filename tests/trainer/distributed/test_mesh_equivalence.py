@@ -13,6 +13,8 @@ from tasks.lm.params.synthetic import MeshTransformerLM
 from trainer.distributed.mesh_placement import MeshTrainStep
 from trainer.train_step import TrainStep
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 RULES = "batch:data;hidden:model;heads:model;vocab:model"
 STEPS = 10
 

@@ -32,6 +32,8 @@ from trainer import checkpointer
 from trainer.distributed import mesh_placement
 from trainer.evaler_job import Evaler
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 
 
