@@ -14,7 +14,6 @@ resume at all (it trains from step 0)."""
 
 from __future__ import annotations
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -22,6 +21,7 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from tasks.learner import Learner
+from tests.trainer.distributed.stage_mesh_training import resolved
 from trainer import checkpoint_names
 from trainer.checkpointer import Checkpointer
 from trainer.train_job import TrainLoop
@@ -39,15 +39,7 @@ HOPS = (PLAIN, STAGE_MESHES, PIPELINED, PLAIN)
 
 
 def _root(*knobs: str):
-    gin.clear_config()
-    try:
-        return experiment.resolve(
-            "lm.synthetic.StageMeshTransformerLM",
-            gin_bindings=[f"StageMeshTransformerLM.{k}" for k in KNOBS + list(knobs)],
-            params_override=OVERRIDE,
-        )
-    finally:
-        gin.clear_config()
+    return resolved(KNOBS + list(knobs), OVERRIDE)
 
 
 def _train(logdir, knobs: tuple[str, ...], until: int) -> tuple[list[str], bool]:

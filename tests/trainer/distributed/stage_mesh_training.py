@@ -29,18 +29,24 @@ KNOBS = [
     "warmup_steps = 2",
     "num_train_sequences = 64",
     "num_layers = 2",
-]  # fmt: skip (a layer a stage: each stage's compile is most of a test's time)
+]  # a layer a stage: each stage's compile is most of a test's time
 
 
 def root(*knobs: str):
+    """The experiment with this module's knobs and ``knobs``, SGD."""
+    return resolved(KNOBS + list(knobs), OVERRIDE)
+
+
+def resolved(knobs: list[str], override: str):
+    """lm.synthetic.StageMeshTransformerLM resolved with gin ``knobs`` and a Params ``override``."""
     from params import experiment
 
     gin.clear_config()
     try:
         return experiment.resolve(
             "lm.synthetic.StageMeshTransformerLM",
-            gin_bindings=[f"StageMeshTransformerLM.{k}" for k in KNOBS + list(knobs)],
-            params_override=OVERRIDE,
+            gin_bindings=[f"StageMeshTransformerLM.{k}" for k in knobs],
+            params_override=override,
         )
     finally:
         gin.clear_config()
