@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("schedule", ["fill_drain"])  # 1F1B: the same, another minute
+@pytest.mark.parametrize("schedule", ["fill_drain", "one_f_one_b"])
 def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
     plain = train_step("num_stages = 0")
     staged = train_step(f'schedule = "{schedule}"')
@@ -60,6 +60,8 @@ def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
     moved = max(float(np.max(np.abs(want[k] - start[k]))) for k in want)
     assert diff <= TOL < moved, (diff, moved)
 
+    if schedule != "fill_drain":
+        return  # what follows reads the checkpoint, the same whatever the schedule
     # Its checkpoint (the plain format, through the plain-device mirror) restores into the export's
     # single-device task: pipeline x mesh -> one device, the same weights.
     path = mesh_placement.make_checkpointer(str(tmp_path / "train"), 1, staged).save(STEPS)
