@@ -195,16 +195,17 @@ class Pipeline:
         addresses = [f"{HOST}:{p}" for p in free_ports(k)]
         self.stages: list[subprocess.Popen] = []
         self.hosted = bool(spec.get("client_hosts_stage"))
+        # What every stage process is, the client too when it serves stage 0.
+        peaks = bool(spec.get("stage_peaks"))
+        settings = {"intra_op_threads": 1, "inter_op_threads": 2, "bfc_allocator": peaks}
         try:
             for task in range(1 if self.hosted else 0, k):
                 stage = {
                     "addresses": addresses,
                     "task": task,
                     "cpus": stage_cpus(spec, cpus, task),
-                    "intra_op_threads": 1,
-                    "inter_op_threads": 2,
                     "system_allocator": spec.get("system_allocator", False),
-                    "bfc_allocator": bool(spec.get("stage_peaks")),
+                    **settings,
                 }
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tools.benchmarks.remote", f"--stage={json.dumps(stage)}"],
@@ -221,8 +222,7 @@ class Pipeline:
                     raise RuntimeError(f"a stage process failed to start ({proc.poll()})")
             client_spec = {**spec, "addresses": addresses, "client": True}
             if self.hosted:  # the client is stage 0's process too
-                client_spec.update(cpus=stage_cpus(spec, cpus, 0), intra_op_threads=1, inter_op_threads=2)
-                client_spec["bfc_allocator"] = bool(spec.get("stage_peaks"))
+                client_spec.update(cpus=stage_cpus(spec, cpus, 0), **settings)
             self.client = harness.Worker(client, client_spec)
         except BaseException:
             self.close()
