@@ -121,7 +121,6 @@ SCHEDULES = (
     ("zb_h1", 1),
     ("zb_h2", 1),
 )
-COST_STEPS = ("forward", "input", "gradients")
 # A step's allocator peak depends on the order the two devices' threads run their ops in (up to 2 MB
 # here from one step to the next): the median of this many steps' peaks counts, for every schedule.
 PEAK_STEPS = 5
@@ -375,22 +374,24 @@ def _peak_of(changes: list[tuple[float, float]]) -> float:
 
 
 def _units(args: argparse.Namespace) -> tuple[dict[str, dict], list[int]]:
-    """The unit cost steps (``cost_<depth>_<step>``) of every stage size the schedules cut, and those
-    sizes (layers per stage), smallest first."""
+    """The unit cost steps of every stage size the schedules cut (``cost_<depth>_forward``,
+    ``cost_<depth>_gradients``, and per number of layers whose W is deferred on some stage,
+    ``cost_<depth>_input_<deferred>``), and those sizes (layers per stage), smallest first."""
+    from layers.parallel.pipeline import schedule as schedules
+
     k, m = NUM_DEVICES, args.micro_batches
-    chunks = sorted({args.depth // (k * v) for _, v in SCHEDULES})
-    unit_batch = args.batch // m
-    units = {
-        f"cost_{depth}_{step}": {
-            "depth": depth,
-            "batch": unit_batch,
-            "step": step,
-            "deferred": deferred_layers(depth, unit_batch, args.width),
-        }
-        for depth in chunks
-        for step in COST_STEPS
-    }
-    return units, chunks
+    rows = args.batch // m
+    units: dict[str, dict] = {}
+    for name, v in SCHEDULES:
+        depth = args.depth // (k * v)
+        for step in ("forward", "gradients"):
+            units[f"cost_{depth}_{step}"] = {"depth": depth, "batch": rows, "step": step}
+        split = name in schedules.SPLIT_BACKWARD
+        for count in sorted(set(deferred_layers(name, depth, rows, args.width, m)) if split else ()):
+            units[f"cost_{depth}_input_{count}"] = {
+                "depth": depth, "batch": rows, "step": "input", "deferred": count
+            }  # fmt: skip
+    return units, sorted({args.depth // (k * v) for _, v in SCHEDULES})
 
 
 def measure(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
@@ -503,27 +504,45 @@ def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, A
     return {"times": best, "peaks": peaks, "chunks": chunks}
 
 
-def held_bytes(depth: int, rows: int, width: int) -> int:
-    """What one (stage, micro-batch) of ``depth`` dense layers keeps for its backward: the stage's
-    input and each layer's output (float32), which the weight gradient of the next layer and the relu's
-    gradient read; a projection's pre-activation is not kept."""
-    return (depth + 1) * rows * width * 4
+def layer_bytes(depth: int, rows: int, width: int, stage: int) -> tuple[int, list[int]]:
+    """What the executor counts for one (stage, micro-batch) of ``depth`` dense layers (float32, from
+    the traced shapes): what its forward keeps for the backward, the stage's input and each layer's
+    output (which the next layer's weight gradient and the relu's gradient read; a projection's
+    pre-activation is not kept), and per layer what its W would hold from I to W, its input and the
+    gradient of its product. The first stage's input is a slice of the batch, held anyway: it counts
+    for neither."""
+    unit = rows * width * 4
+    free = 1 if stage == 0 else 0
+    return (depth + 1 - free) * unit, [(2 - (free if i == 0 else 0)) * unit for i in range(depth)]
 
 
-def deferred_layers(depth: int, rows: int, width: int) -> int:
-    """How many of a stage's first layers leave their weight gradient to W under the zero-bubble
-    schedules (the executor's rule, ``schedule.deferred_segments``: what they hold from I to W, each
-    layer's input and output gradient, within what the stage's forward keeps); I takes the others'."""
+def deferred_layers(name: str, depth: int, rows: int, width: int, micro_batches: int) -> list[int]:
+    """Per stage, how many of its first layers leave their weight gradient to W under schedule
+    ``name`` at K=2 (the executor's rule: ``schedule.weight_budgets`` and ``deferred_segments``); I
+    takes the others'. Schedules without W units: none."""
     from layers.parallel.pipeline import schedule as schedules
 
-    return schedules.deferred_segments(held_bytes(depth, rows, width), [2 * rows * width * 4] * depth)
+    if name not in schedules.SPLIT_BACKWARD:
+        return [0] * NUM_DEVICES
+    sizes = [layer_bytes(depth, rows, width, s) for s in range(NUM_DEVICES)]
+    sched = schedules.build(name, NUM_DEVICES, micro_batches)
+    budgets = schedules.weight_budgets(sched, [kept for kept, _ in sizes])
+    return [schedules.deferred_segments(b, layers) for b, (_, layers) in zip(budgets, sizes)]
 
 
-def weight_held_bytes(depth: int, rows: int, width: int) -> int:
-    """What it keeps from its I to its W (zero-bubble schedules): what W reads, for each deferred
-    layer its input and the gradient of its product (the executor's cut: the relu's gradient was
-    taken by I; the other layers' weight gradients were taken by I too)."""
-    return 2 * deferred_layers(depth, rows, width) * rows * width * 4
+def stage_weights(
+    name: str, depth: int, rows: int, width: int, micro_batches: int, stages: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Per stage of schedule ``name`` (``stages`` of ``depth`` layers): what a micro-batch weighs from
+    its forward (``layer_bytes``), what it weighs from its I to its W (the deferred layers' reads),
+    and the weight-gradient sums (``held_over_time``'s weights)."""
+    deferred = deferred_layers(name, depth, rows, width, micro_batches) if stages == NUM_DEVICES else []
+    held, after_input = [], []
+    for s in range(stages):
+        kept, layers = layer_bytes(depth, rows, width, s)
+        held.append(float(kept))
+        after_input.append(float(sum(layers[: deferred[s]])) if deferred else 0.0)
+    return held, after_input, [float(sums_bytes(depth, width))] * stages
 
 
 def sums_bytes(depth: int, width: int) -> int:
@@ -563,14 +582,10 @@ def received_held_changes(evs: Any, boundary: float, transfer: float) -> list[li
 def process_weights(
     weights: tuple[list[float], list[float], list[float]], boundary: float
 ) -> tuple[list[float], list[float], list[float]]:
-    """The per-stage weights (held, after I, sums) as a stage process holds them: the first stage's
-    input is a slice of the batch its process holds between steps (an aligned split aliases it), so
-    its micro-batches weigh ``boundary`` less, from the forward on and after I (its first layer's
-    input is what W reads of it); the last stage's head keeps the difference of its output and the
-    target (the square's gradient reads it) from its forward to its B or I: ``boundary`` more."""
+    """The per-stage weights (held, after I, sums) as a stage process holds them: the last stage's
+    head keeps the difference of its output and the target (the square's gradient reads it) from its
+    forward to its B or I, ``boundary`` more (the executor does not count it: it has no weights)."""
     held, after_input, sums = (list(w) for w in weights)
-    held[0] -= boundary
-    after_input[0] = max(0.0, after_input[0] - boundary)
     held[-1] += boundary
     return held, after_input, sums
 
@@ -618,24 +633,22 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
 
         forward = best("forward")
         backward = max(0.0, best("gradients") - forward)
-        backward_input = min(backward, max(0.0, best("input") - forward))
-        stages = k * v
+        stages, rows = k * v, args.batch // m
+        # Split schedules: I's cost depends on the layers it leaves to W, per stage.
+        split = name in simulator.schedules.SPLIT_BACKWARD
+        deferred = deferred_layers(name, depth, rows, args.width, m) if split else []
+        backward_input = [min(backward, max(0.0, best(f"input_{c}") - forward)) for c in deferred]
         costs = simulator.StageCosts.given(
             [forward] * stages,
             [backward] * stages,
             transfer=transfer,
             alone_speedup=alone,
-            backward_input=[backward_input] * stages,
-            backward_weight=[backward - backward_input] * stages,
+            backward_input=backward_input if split else None,
+            backward_weight=[backward - b for b in backward_input] if split else None,
         )
         prediction = simulator.simulate(name, m, "never", costs, virtual_stages=v)
         step = times[name]["best"]
-        held = held_bytes(depth, args.batch // m, args.width)
-        weights = (
-            [float(held)] * stages,
-            [float(weight_held_bytes(depth, args.batch // m, args.width))] * stages,
-            [float(sums_bytes(depth, args.width))] * stages,
-        )
+        weights = stage_weights(name, depth, rows, args.width, m, stages)
         if processes:
             per_step = peaks[name]["held_bytes"]  # per step, per device
             measured_per_device = [statistics.median(s[d] for s in per_step) for d in range(k)]
@@ -670,12 +683,19 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
                 "unit_costs_s": {
                     "forward": round(forward, 6),
                     "backward": round(backward, 6),
-                    "backward_input": round(backward_input, 6),
-                    "backward_weight": round(backward - backward_input, 6),
+                    **(
+                        {
+                            "backward_input_per_stage": [round(b, 6) for b in backward_input],
+                            "backward_weight_per_stage": [round(backward - b, 6) for b in backward_input],
+                        }
+                        if split
+                        else {}
+                    ),
                 },
                 "alone_speedup": round(alone, 4),
-                "held_bytes_per_micro_batch": held,
-                "held_bytes_input_to_weight": int(weights[1][0]),
+                "deferred_layers_per_stage": deferred,
+                "held_bytes_per_micro_batch": [int(b) for b in weights[0]],
+                "held_bytes_input_to_weight": [int(b) for b in weights[1]],
                 "gradient_sums_bytes_per_stage": int(weights[2][0]),
                 "predicted_peak_per_device_bytes": [int(b) for b in per_device],
                 "peak_activation_bytes_per_step": peaks[name]["held_bytes"],

@@ -16,13 +16,15 @@ the gradients at its cut: the outputs of the ops that first combine a weight wit
 for its weights' gradient from the cut (a dense layer's: its input times the product's gradient), so
 it repeats nothing of I and keeps neither the layer's output nor its output gradient alive (without
 a clean cut, e.g. eagerly, W starts from the segment's output gradient). W takes only the first
-segments' weight gradients, as many as keep what they hold from I to W within what the stage's
-forward keeps (``schedule.deferred_segments``: Qi et al.'s premise for ZB-H1's 1F1B-sized peak; a
-dense layer's W reads its input and its product's gradient, as much as the whole forward keeps of
-it and more); I takes the others' in its backward pass, as B does. B does both in one
-backward pass per segment (input and weight gradients from one tape call), so schedules without W
-units never look for the cut. The weight gradients are summed over micro-batches as the W (or B)
-units come.
+segments' weight gradients, as many as keep what they hold from I to W within a budget
+(``schedule.deferred_segments``, ``schedule.weight_budgets``): what the stage's forward keeps (Qi et
+al.'s premise for ZB-H1's 1F1B-sized peak; a dense layer's W reads its input and its product's
+gradient, as much as the whole forward keeps of it and more), under ZB-H1 also what leaves the
+device within 1F1B's largest peak when the stages keep different bytes (the pipeline's own inputs,
+slices of the batch, count for nothing); I takes the others' in its backward pass, as B does. B
+does both in one backward pass per segment (input and weight gradients from one tape call), so
+schedules without W units never look for the cut. The weight gradients are summed over
+micro-batches as the W (or B) units come.
 
 The whole pipeline is one ``tf.custom_gradient`` op, so the executor, not the tape, owns the
 backward order. Two ways to run it, chosen from the schedule:
@@ -209,6 +211,11 @@ class _Step:
         self.outputs: list[list[tf.Tensor]] = []
         self.out_structure: Any = None
         self.differentiable: list[bool] = []
+        # The pipeline's own inputs (the micro-batches, the head's): slices of tensors the step holds
+        # anyway, so keeping them costs a stage nothing (``_segment_bytes``).
+        self.arguments = {id(t) for m in ins + heads for t in m}
+        self.kept_bytes: dict[int, int | None] = {}  # per stage, what its forward keeps of a micro-batch
+        self.budgets: dict[int, int | None] = {}  # per stage, what a micro-batch may hold from I to W
 
     # ------------------------------------------------------------------------------- the walk
     def build(self, forwards: bool, backwards: bool) -> None:
@@ -291,7 +298,8 @@ class _Step:
             ys, out_structure = self._run(s, m, xs, structure, self._ctx(m), None)
         else:
             pieces: list[_Piece] = []
-            ys, out_structure = self._run(s, m, xs, structure, self._ctx(m), pieces)
+            free = {id(t) for t in xs} & self.arguments
+            ys, out_structure = self._run(s, m, xs, structure, self._ctx(m), pieces, free)
             self.pieces[(s, m)] = pieces
         self.stage_out[(s, m)] = ys
         self.structures[(s, m)] = out_structure
@@ -312,7 +320,8 @@ class _Step:
         if s == self.last_stage and self.ex.has_head:
             structure = (structure, self.head_structure)
         pieces: list[_Piece] = []
-        ys, _ = self._run(s, m, xs, structure, ctx, pieces)
+        free = {id(x) for x, t in zip(xs, self.stage_in[(s, m)]) if id(t) in self.arguments}
+        ys, _ = self._run(s, m, xs, structure, ctx, pieces, free)
         self.pieces[(s, m)] = pieces
         return ys
 
@@ -405,8 +414,10 @@ class _Step:
         structure: Any,
         ctx: FPropContext,
         pieces: list[_Piece] | None,
+        free: set[int] | frozenset[int] = frozenset(),
     ) -> tuple[list[tf.Tensor], Any]:
-        """The stage's segments on ``xs``; with ``pieces``, each under its own tape."""
+        """The stage's segments on ``xs``; with ``pieces``, each under its own tape (``free``: the ids
+        of the inputs that are the pipeline's own)."""
         x: Any = tf.nest.pack_sequence_as(structure, xs)
         for segment in self.ex.stages[s]:
             if pieces is None:
@@ -421,11 +432,20 @@ class _Step:
             x = tf.nest.pack_sequence_as(x, flat_out)
             pieces.append(_Piece(tape, flat_in, flat_out))
         if pieces is not None and self.ex.splits_weights:
-            _choose_deferred(pieces)
+            _choose_deferred(pieces, free, lambda kept: self._weight_budget(s, kept))
             for piece in pieces:
                 if piece.deferred and not self.ex.meshes:
                     piece.frontier = _weight_frontier(piece.tape, piece.inputs, piece.outputs)
         return [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)], x
+
+    def _weight_budget(self, s: int, kept: int | None) -> int | None:
+        """Stage ``s``'s budget from I to W (``schedule.weight_budgets``), fixed at its first forward:
+        every earlier stage's size is known by then."""
+        if s not in self.budgets:
+            self.kept_bytes[s] = kept
+            sizes = [self.kept_bytes.get(t) for t in range(self.sched.num_stages)]
+            self.budgets[s] = schedules.weight_budgets(self.sched, sizes)[s]
+        return self.budgets[s]
 
     def _gradient_in(self, s: int, m: int) -> list[Any]:
         if s == self.last_stage:
@@ -785,11 +805,25 @@ def _frontier_weight_grads(piece: _Piece) -> list[Any]:
 
 
 # ------------------------------------------------------------------------ which weight gradients W takes
-def _choose_deferred(pieces: list[_Piece]) -> None:
-    """Marks the stage's segments whose weight gradient W takes (``deferred_segments``), from their
-    static shapes: the forward keeps the float inputs and outputs of the segments with weights (each
-    once); such a segment's W reads its inputs and its outputs' gradients. A tensor a segment passes
-    through unchanged (the head's inputs on the way to the head) counts for neither."""
+def _choose_deferred(
+    pieces: list[_Piece], free: set[int] | frozenset[int], budget: Callable[[int | None], int | None]
+) -> None:
+    """Marks the stage's segments whose weight gradient W takes: ``deferred_segments`` within
+    ``budget`` of what the forward keeps (``_segment_bytes``)."""
+    kept, held = _segment_bytes(pieces, free)
+    count = schedules.deferred_segments(budget(kept), held)
+    for i, piece in enumerate(pieces):
+        piece.deferred = i < count
+
+
+def _segment_bytes(
+    pieces: list[_Piece], free: set[int] | frozenset[int]
+) -> tuple[int | None, list[int | None]]:
+    """From the static shapes: what the stage's forward keeps of a micro-batch (the float inputs and
+    outputs of its segments with weights, each once), and per segment what its W would hold (its
+    inputs and its outputs' gradients; 0 without weights). A tensor a segment passes through
+    unchanged (the head's inputs on the way to the head) counts for neither, nor do the pipeline's
+    own inputs (``free``: slices of the batch, held anyway). None where a size is unknown."""
     kept: dict[int, int | None] = {}
     held: list[int | None] = []
     for piece in pieces:
@@ -797,15 +831,17 @@ def _choose_deferred(pieces: list[_Piece]) -> None:
             held.append(0)
             continue
         through = {id(t) for t in piece.inputs} & {id(t) for t in piece.outputs}
-        tensors = [t for t in piece.inputs + piece.outputs if t.dtype.is_floating and id(t) not in through]
+        tensors = [
+            t
+            for t in piece.inputs + piece.outputs
+            if t.dtype.is_floating and id(t) not in through and id(t) not in free
+        ]
         sizes = [_static_bytes(t) for t in tensors]
         kept.update(zip([id(t) for t in tensors], sizes))
         held.append(None if None in sizes else sum(sizes))
     if None in kept.values():
-        return
-    count = schedules.deferred_segments(sum(kept.values()), held)
-    for i, piece in enumerate(pieces):
-        piece.deferred = i < count
+        return None, held
+    return sum(int(b or 0) for b in kept.values()), held
 
 
 def _static_bytes(t: tf.Tensor) -> int | None:

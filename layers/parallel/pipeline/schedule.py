@@ -507,27 +507,79 @@ def peak_held(
     return [max([lv for _, lv in steps] + [0.0]) for steps in held_over_time(evs, weight, after_input, sums)]
 
 
-def deferred_segments(kept_bytes: int, weight_held_bytes: list[int | None]) -> int:
+def deferred_segments(budget_bytes: int | None, weight_held_bytes: list[int | None]) -> int:
     """How many of a stage's first segments leave their weight gradient to W: as many as keep what
     they hold from I to W (``weight_held_bytes``, per segment in forward order; 0 for a segment
-    without weights, None where unknown) within what the stage's forward keeps (``kept_bytes``).
+    without weights, None where unknown) within ``budget_bytes`` (``weight_budgets``: at most what
+    the stage's forward keeps).
 
-    Qi et al.'s ZB-H1 holds K micro-batches on every device and promises 1F1B's peak, K forwards'
-    worth, on the premise that a micro-batch between I and W weighs no more than after its forward
-    (W reads a subset of what B reads). Where W's reads are as big as the activations (a dense
-    layer's: its input and its product's gradient, twice what its forward keeps), deferring every
-    weight gradient breaks that premise; the segments past the budget take theirs in I (one backward
-    pass, as B: the same work, only not deferrable). The first segments defer: I reaches them last,
-    so what the others would hold is freed as I goes. Unknown sizes defer everything."""
-    if any(b is None for b in weight_held_bytes):
+    Qi et al.'s ZB-H1 promises 1F1B's peak on the premise that a micro-batch between I and W weighs
+    no more than after its forward (W reads a subset of what B reads). Where W's reads are as big as
+    the activations (a dense layer's: its input and its product's gradient, twice what its forward
+    keeps), deferring every weight gradient breaks that premise; the segments past the budget take
+    theirs in I (one backward pass, as B: the same work, only not deferrable). The first segments
+    defer: I reaches them last, so what the others would hold is freed as I goes. An unknown size
+    or budget defers everything."""
+    if budget_bytes is None or any(b is None for b in weight_held_bytes):
         return len(weight_held_bytes)
     held, count = 0, 0
     for b in weight_held_bytes:
         held += int(b or 0)
-        if held > kept_bytes:
+        if held > budget_bytes:
             break
         count += 1
     return count
+
+
+def held_counts(order: Sequence[Op]) -> list[tuple[int, int]]:
+    """At each forward's start in a device's ``order``: how many micro-batches the device then holds
+    between their forward and their I (or B), this one included, and how many between their I and
+    their W. A device's holdings grow only when a forward starts, so these are its fullest instants."""
+    forward_held: set[tuple[int, int]] = set()
+    weight_held: set[tuple[int, int]] = set()
+    counts = []
+    for op in order:
+        key = (op.stage, op.micro_batch)
+        if op.kind == FORWARD:
+            forward_held.add(key)
+            counts.append((len(forward_held), len(weight_held)))
+        elif op.kind in GRADIENT_KINDS:
+            forward_held.discard(key)
+            if op.kind == BACKWARD_INPUT:
+                weight_held.add(key)
+        elif op.kind == BACKWARD_WEIGHT:
+            weight_held.discard(key)
+    return counts
+
+
+def weight_budgets(schedule: Schedule, kept_bytes: Sequence[int | None]) -> list[int | None]:
+    """Per stage, the most bytes one micro-batch may hold from its I to its W (the budget of
+    ``deferred_segments``), from what each stage's forward keeps of a micro-batch (``kept_bytes``;
+    None: not known, e.g. a stage not traced yet).
+
+    Every schedule: what the stage's forward keeps (Qi et al.'s premise). ZB-H1 promises more, 1F1B's
+    peak: no device holds more than 1F1B's fullest (K - d micro-batches on device d, whatever each
+    weighs). Since ZB-H1 holds up to K on every device, where stages keep different bytes (the last
+    also the head's and a received input, the first nothing of the batch it reads) its later devices
+    would pass it; so there a micro-batch between I and W may hold only what is left under that peak
+    at the device's fullest instants (``held_counts``: f awaiting their I, w their W): (peak - f x
+    kept) / w. The peak is 1F1B's over the stages whose sizes are known (the executor learns a
+    stage's when it traces its first forward, after every earlier stage's), so a budget is never
+    above the one all sizes would give. Devices holding several stages keep the premise's budget."""
+    budgets = [None if b is None else int(b) for b in kept_bytes]
+    if schedule.name != "zb_h1" or schedule.virtual_stages != 1:
+        return budgets
+    k, m = schedule.num_devices, schedule.num_micro_batches
+    known = [(s, b) for s, b in enumerate(budgets) if b is not None]
+    peak = max([min(k - schedule.device_of(s), m) * b for s, b in known] + [0])
+    for s, kept in known:
+        order = schedule.orders[schedule.device_of(s)]
+        if any(op.stage != s for op in order):
+            continue
+        for forward_count, weight_count in held_counts(order):
+            if weight_count:
+                budgets[s] = min(budgets[s], max(0, (peak - forward_count * kept) // weight_count))
+    return budgets
 
 
 def theoretical_bubble(num_stages: int, num_micro_batches: int, virtual_stages: int = 1) -> float:

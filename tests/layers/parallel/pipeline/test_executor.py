@@ -88,12 +88,19 @@ def test_w_defers_only_the_first_segments_whose_reads_fit_what_the_forward_keeps
             tape.watch(x)
             loss = tf.reduce_sum(tf.square(x), axis=-1)
         pieces.append(executor._Piece(tape, [x], [loss]))
-        executor._choose_deferred(pieces)
+        executor._choose_deferred(pieces, frozenset(), lambda kept: kept)
         out["deferred"] = [p.deferred for p in pieces]
+        # The pipeline's own input (a slice of the batch) is free: 4 kept, the first W holds 1.
+        executor._choose_deferred(pieces, {id(pieces[0].inputs[0])}, lambda kept: kept)
+        out["free_input"] = [p.deferred for p in pieces]
+        executor._choose_deferred(pieces, frozenset(), lambda kept: kept and kept * 2 // 5)  # 2 of 5
+        out["budget_2"] = [p.deferred for p in pieces]
         return loss
 
     run(tf.ones([4, 4]))
     assert out["deferred"] == [True, True, False, False, False]
+    assert out["free_input"] == [True, True, False, False, False]  # 1 + 2 within 4, not 1 + 2 + 2
+    assert out["budget_2"] == [True, False, False, False, False]
     out.clear()
     run.get_concrete_function(tf.TensorSpec([None, 4]))  # rows unknown: every weight gradient to W
     assert out["deferred"] == [True] * 5

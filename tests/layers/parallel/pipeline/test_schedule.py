@@ -311,3 +311,43 @@ def test_shared_cores_timeline_runs_free_units(schedule, v):
     cost[ps.BACKWARD] = cost[ps.BACKWARD_WEIGHT] = [0.0] * (k * v)
     evs = ps.timeline(sched.orders, cost, transfer=0.0, alone_speedup=[1.5] * k)
     assert len(evs) == sum(len(order) for order in sched.orders)
+
+
+def test_held_counts_are_a_devices_forwards_and_ws_waiting_at_each_forward():
+    order = ps.build("zb_h1", 2, 3).orders[1]  # F0 I0 F1 I1 W0 F2 I2 W1 W2
+    assert ps.held_counts(order) == [(1, 0), (1, 1), (1, 1)]
+    assert ps.held_counts(ps.build("one_f_one_b", 2, 3).orders[0]) == [(1, 0), (2, 0), (2, 0)]
+
+
+@pytest.mark.parametrize("k,m", [(2, 2), (2, 8), (3, 5), (4, 4), (4, 8)])
+@pytest.mark.parametrize("kept", [(5, 5, 5, 5), (4, 5, 5, 6), (4, 6, 6, 6), (8, 2, 3, 9), (1, 9, 9, 9)])
+def test_zb_h1_budgets_keep_every_device_within_one_f_one_b_s_fullest(k, m, kept):
+    """Stages keeping different bytes (``kept``): with each micro-batch weighing its budget from I to
+    W, no device under ZB-H1 holds more at once than 1F1B's fullest device; no budget exceeds what
+    the stage's forward keeps, and with equal stages every budget is that (Qi et al.'s premise)."""
+    kept = list(kept[:k])
+    sched = ps.build("zb_h1", k, m)
+    budgets = ps.weight_budgets(sched, kept)
+    assert all(0 <= b <= c for b, c in zip(budgets, kept))
+    if len(set(kept)) == 1:
+        assert budgets == kept
+    cost = {kind: [c] * k for kind, c in ps.UNIT_COSTS.items()}
+    zb = ps.timeline(sched.orders, cost)
+    one_f_one_b = ps.events("one_f_one_b", k, m)
+    limit = max(ps.peak_held(one_f_one_b, kept))
+    assert max(ps.peak_held(zb, kept, after_input=budgets)) <= limit + 1e-9
+    # The premise's budgets alone would pass it here: a device beyond the first holds K.
+    if kept[-1] * min(k, m) > limit:
+        assert max(ps.peak_held(zb, kept, after_input=kept)) > limit
+
+
+def test_budgets_other_schedules_and_unknown_sizes():
+    """Other schedules keep the premise (what the forward keeps); a size not known yet gives no budget
+    and leaves 1F1B's peak to the stages known (the first: traced before the others)."""
+    assert ps.weight_budgets(ps.build("zb_h2", 2, 4), [4, 6]) == [4, 6]
+    assert ps.weight_budgets(ps.build("one_f_one_b_split", 2, 4), [4, 6]) == [4, 6]
+    zb = ps.build("zb_h1", 2, 4)
+    assert ps.weight_budgets(zb, [4, 6]) == [4, 2]  # last device: 6 + 2 = 8, 1F1B's first device
+    assert ps.weight_budgets(zb, [4, None]) == [4, None]
+    assert ps.weight_budgets(zb, [None, 6]) == [None, 0]  # only its own 1F1B peak (6) is known
+    assert ps.deferred_segments(None, [2, 2]) == 2
