@@ -19,26 +19,73 @@ from trainer import tf_startup
 tf = tf_startup.import_tensorflow()
 
 
+class AllocatorTrace:
+    """The allocator's events from ``start`` to ``stop``, under the profiler: for a step that another
+    process runs here (a stage process of a cluster), or one ``live_tensor_peak`` runs itself."""
+
+    def __init__(self) -> None:
+        self.resting = 0
+        self.logdir: tempfile.TemporaryDirectory | None = None
+
+    def start(self) -> None:
+        """Notes what is in use now and starts the profiler."""
+        self.resting = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+        self.logdir = tempfile.TemporaryDirectory()
+        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
+        tf.profiler.experimental.start(self.logdir.name, options=options)
+
+    def stop(self) -> dict[str, int]:
+        """Stops the profiler; returns ``{'live_peak_bytes', 'chunk_peak_bytes', 'resting_bytes'}``:
+        the peak of requested bytes in use since ``start`` (resting tensors included), the
+        allocator's own peak over the same time, and what was in use at ``start``."""
+        if self.logdir is None:
+            raise RuntimeError("AllocatorTrace.stop() without start()")
+        try:
+            tf.profiler.experimental.stop()
+            events = _allocator_events(Path(self.logdir.name))
+        finally:
+            self.logdir.cleanup()
+            self.logdir = None
+        live: dict[int, int] = {}
+        current = peak = chunk_peak = 0
+        for _, kind, stats in events:
+            chunk_peak = max(chunk_peak, stats.get("bytes_allocated", 0))
+            address = stats.get("addr")
+            if kind == "MemoryAllocation":
+                live[address] = stats.get("requested_bytes", 0)
+                current += live[address]
+                peak = max(peak, current)
+            elif address in live:
+                current -= live.pop(address)
+        return {
+            "live_peak_bytes": self.resting + peak,
+            "chunk_peak_bytes": chunk_peak,
+            "resting_bytes": self.resting,
+        }
+
+
 def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
-    """Runs ``run_step`` once under the profiler; returns ``{'live_peak_bytes', 'chunk_peak_bytes',
-    'resting_bytes'}``: the peak of requested bytes in use (resting tensors included), the
-    allocator's own peak over the same step, and what was in use before it. Meant for a CPU-only
-    process, whose one allocator (the logical CPU devices share it) all the events come from."""
+    """Runs ``run_step`` once under the profiler; returns ``AllocatorTrace.stop``'s figures. Meant for
+    a CPU-only process, whose one allocator (the logical CPU devices share it) all the events come
+    from."""
+    trace = AllocatorTrace()
+    trace.start()
+    try:
+        run_step()
+    finally:
+        figures = trace.stop()
+    return figures
+
+
+def _allocator_events(logdir: Path) -> list[tuple[int, str, dict]]:
+    """The allocation and deallocation events of the profiles under ``logdir``, in time order."""
     from trainer import tf_compat
 
-    resting = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
-    with tempfile.TemporaryDirectory() as logdir:
-        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
-        tf.profiler.experimental.start(logdir, options=options)
-        try:
-            run_step()
-        finally:
-            tf.profiler.experimental.stop()
-        planes = [
-            plane
-            for path in Path(logdir).rglob("*.xplane.pb")
-            for plane in tf_compat.xspace_from_bytes(path.read_bytes()).planes
-        ]
+    planes = [
+        plane
+        for path in logdir.rglob("*.xplane.pb")
+        for plane in tf_compat.xspace_from_bytes(path.read_bytes()).planes
+    ]
     events = []
     for plane in planes:
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
@@ -55,15 +102,4 @@ def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
             "the profiler recorded no allocator events (is TF_CPU_ALLOCATOR_USE_BFC=true set?)"
         )
     events.sort(key=lambda e: e[0])
-    live: dict[int, int] = {}
-    current = peak = chunk_peak = 0
-    for _, kind, stats in events:
-        chunk_peak = max(chunk_peak, stats.get("bytes_allocated", 0))
-        address = stats.get("addr")
-        if kind == "MemoryAllocation":
-            live[address] = stats.get("requested_bytes", 0)
-            current += live[address]
-            peak = max(peak, current)
-        elif address in live:
-            current -= live.pop(address)
-    return {"live_peak_bytes": resting + peak, "chunk_peak_bytes": chunk_peak, "resting_bytes": resting}
+    return events

@@ -42,16 +42,23 @@ def test_total_held_peak_sums_the_devices_at_one_instant():
     assert schedules_benchmark._total_held_peak(evs, [1.0, 10.0], sums=[7.0, 5.0]) == 12.0
 
 
-def test_zero_bubble_schedules_hold_what_w_reads_between_i_and_w():
-    """A stage of 4 dense layers on 512 rows of 512: 5 MiB from F to I (its input and each layer's
-    output); from I to W, 2 MiB per layer whose weight gradient W takes (its input and the gradient
-    of its product): the first 2, as many as fit in the 5 MiB (I takes the others')."""
+def test_split_schedules_hold_what_w_reads_between_i_and_w():
+    """Stages of 4 dense layers on 512 rows of 512: from F to I the last stage keeps 5 MiB (its input
+    and each layer's output), the first 4 (its input is a slice of the batch); from I to W, 2 MiB
+    per layer whose weight gradient W takes (its input and the gradient of its product; the first
+    layer's input is free on the first stage): as many first layers as fit in what the stage keeps,
+    and under ZB-H1, whose last device holds one micro-batch from F to I beside one from I to W,
+    within 1F1B's fullest device (2 x 4 MiB): 3 MiB there, one layer."""
     mib = 2**20
-    assert schedules_benchmark.held_bytes(4, 512, 512) == 5 * mib
-    assert schedules_benchmark.deferred_layers(4, 512, 512) == 2
-    assert schedules_benchmark.weight_held_bytes(4, 512, 512) == 4 * mib
-    assert schedules_benchmark.deferred_layers(1, 512, 512) == 1
-    assert schedules_benchmark.sums_bytes(4, 512) == 4 * (512 * 512 + 512) * 4
+    assert schedules_benchmark.layer_bytes(4, 512, 512, 0) == (4 * mib, [mib, 2 * mib, 2 * mib, 2 * mib])
+    assert schedules_benchmark.layer_bytes(4, 512, 512, 1) == (5 * mib, [2 * mib] * 4)
+    assert schedules_benchmark.deferred_layers("one_f_one_b_split", 4, 512, 512, 8) == [2, 2]
+    assert schedules_benchmark.deferred_layers("zb_h2", 4, 512, 512, 8) == [2, 2]
+    assert schedules_benchmark.deferred_layers("zb_h1", 4, 512, 512, 8) == [2, 1]
+    assert schedules_benchmark.deferred_layers("one_f_one_b", 4, 512, 512, 8) == [0, 0]
+    held, after_input, sums = schedules_benchmark.stage_weights("zb_h1", 4, 512, 512, 8, 2)
+    assert held == [4 * mib, 5 * mib] and after_input == [3 * mib, 2 * mib]
+    assert sums == [schedules_benchmark.sums_bytes(4, 512)] * 2 == [4 * (512 * 512 + 512) * 4] * 2
 
 
 def test_received_copies_are_held_from_their_arrival_to_their_use():
@@ -74,11 +81,21 @@ def test_received_copies_are_held_from_their_arrival_to_their_use():
     ]
 
 
-def test_a_stage_process_holds_its_first_input_nowhere_and_the_heads_difference_last():
+def test_a_stage_process_holds_the_heads_difference_last():
     held, after_input, sums = schedules_benchmark.process_weights(
-        ([5.0, 5.0, 5.0], [4.0] * 3, [7.0] * 3), 1.0
+        ([4.0, 5.0, 5.0], [3.0, 4.0, 4.0], [7.0] * 3), 1.0
     )
     assert held == [4.0, 5.0, 6.0] and after_input == [3.0, 4.0, 4.0] and sums == [7.0] * 3
+
+
+def _unit_times(args) -> dict[str, dict]:
+    """Made-up times of the benchmark's unit steps: F 1 ms, F + I 2 ms, F + B 3 ms per layer."""
+    units, _ = schedules_benchmark._units(args)
+    seconds = {"forward": 0.001, "input": 0.002, "gradients": 0.003}
+    return {
+        name: {"best": seconds[u["step"]] * u["depth"], "median": seconds[u["step"]] * u["depth"]}
+        for name, u in units.items()
+    }
 
 
 def test_figures_under_processes_take_the_largest_devices_peak():
@@ -88,9 +105,7 @@ def test_figures_under_processes_take_the_largest_devices_peak():
     hops = schedules_benchmark.HANDOFF_HOPS
     times["handoff_moving"] = {"best": 0.002 + hops * 0.0001, "median": 1.0}
     times["handoff_staying"] = {"best": 0.002, "median": 1.0}
-    for depth in (1, 2):
-        for step, seconds in zip(schedules_benchmark.COST_STEPS, (0.001, 0.002, 0.003)):
-            times[f"cost_{depth}_{step}"] = {"best": seconds * depth, "median": seconds * depth}
+    times.update(_unit_times(args))
     peaks = {
         name: {
             "peak_bytes": [3000, 4000],
@@ -113,9 +128,7 @@ def test_figures_from_measured_costs_have_the_issue_fields():
     chunks = [1, 2]
     times = {name: {"best": 0.01, "median": 0.011} for name, _ in schedules_benchmark.SCHEDULES}
     times["alone"] = {"best": 0.002, "median": 0.002}
-    for depth in chunks:
-        for step, seconds in zip(schedules_benchmark.COST_STEPS, (0.001, 0.002, 0.003)):
-            times[f"cost_{depth}_{step}"] = {"best": seconds * depth, "median": seconds * depth}
+    times.update(_unit_times(args))
     peaks = {
         name: {"peak_bytes": 3000, "resident_bytes": 1000, "held_bytes": [2500, 1900, 2000]}
         for name, _ in schedules_benchmark.SCHEDULES

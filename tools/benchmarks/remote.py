@@ -79,14 +79,15 @@ STAGE_CPUS = ("own", "shared")
 # ------------------------------------------------------------------------------------------ workers
 def run_stage(spec: dict) -> int:
     """A stage process: pinned and threaded as ``spec`` says, serves until its stdin closes. Meanwhile
-    it answers each ``reset`` or ``peak`` line (``memory_answer``): the client cannot ask another
+    it answers each ``reset`` or ``peak`` line (``MemoryProbe``): the client cannot ask another
     process's allocator."""
     harness.prepare_process(spec)  # its threads go in the server's config below
     server = start_server(spec, spec["task"])
+    probe = MemoryProbe(trace=bool(spec.get("trace_allocations")))
     print(json.dumps({"ready": True, "target": server.target}), flush=True)
     for line in sys.stdin:  # the driver closes it: then this process ends
         if line.strip() in MEMORY_REQUESTS:
-            print(json.dumps(memory_answer(line.strip())), flush=True)
+            print(json.dumps(probe.answer(line.strip())), flush=True)
     end_serving()
 
 
@@ -115,17 +116,34 @@ def start_server(spec: dict, task: int) -> Any:
     return tf.distribute.Server(cluster, job_name="worker", task_index=task, config=config)
 
 
-def memory_answer(request: str) -> dict:
-    """This process's allocator (``tf.config.experimental.get_memory_info("CPU:0")``: the server's
-    devices and the process's own share the one CPU allocator; meaningful under the BFC allocator)
-    after ``request``: ``reset`` restarts its peak first, ``peak`` only reads.
-    ``{"peak_bytes": ..., "current_bytes": ...}``."""
-    import tensorflow as tf
+class MemoryProbe:
+    """Answers ``reset`` and ``peak`` about this process's allocator
+    (``tf.config.experimental.get_memory_info("CPU:0")``: the server's devices and the process's own
+    share the one CPU allocator; meaningful under the BFC allocator). With ``trace``, ``reset`` also
+    starts recording the allocator's events (``tools.memory_trace.AllocatorTrace``) and ``peak``
+    stops it and adds the tensors' own peak in between, without the BFC chunks' rounding."""
 
-    if request == "reset":
-        tf.config.experimental.reset_memory_stats("CPU:0")
-    info = tf.config.experimental.get_memory_info("CPU:0")
-    return {"peak_bytes": int(info["peak"]), "current_bytes": int(info["current"])}
+    def __init__(self, trace: bool = False) -> None:
+        self.trace: Any = None
+        if trace:
+            from tools.memory_trace import AllocatorTrace
+
+            self.trace = AllocatorTrace()
+
+    def answer(self, request: str) -> dict:
+        """``{"peak_bytes": ..., "current_bytes": ...}`` after ``request`` (``reset`` restarts the
+        peak first, ``peak`` only reads), and ``"live_peak_bytes"`` for ``peak`` when tracing."""
+        import tensorflow as tf
+
+        live = {}
+        if request == "reset":
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            if self.trace is not None:
+                self.trace.start()
+        elif self.trace is not None:
+            live = {"live_peak_bytes": self.trace.stop()["live_peak_bytes"]}
+        info = tf.config.experimental.get_memory_info("CPU:0")
+        return {"peak_bytes": int(info["peak"]), "current_bytes": int(info["current"]), **live}
 
 
 def connect(spec: dict) -> tuple[list[str], Any]:
@@ -197,7 +215,8 @@ class Pipeline:
         self.hosted = bool(spec.get("client_hosts_stage"))
         # What every stage process is, the client too when it serves stage 0.
         peaks = bool(spec.get("stage_peaks"))
-        settings = {"intra_op_threads": 1, "inter_op_threads": 2, "bfc_allocator": peaks}
+        inter_op = spec.get("stage_inter_op_threads", 2)  # 1: a device runs one op at a time
+        settings = {"intra_op_threads": 1, "inter_op_threads": inter_op, "bfc_allocator": peaks}
         try:
             for task in range(1 if self.hosted else 0, k):
                 stage = {
@@ -205,6 +224,7 @@ class Pipeline:
                     "task": task,
                     "cpus": stage_cpus(spec, cpus, task),
                     "system_allocator": spec.get("system_allocator", False),
+                    "trace_allocations": spec.get("trace_allocations", False),
                     **settings,
                 }
                 proc = subprocess.Popen(

@@ -1,9 +1,12 @@
 """Every pipeline schedule, measured and predicted: ``python -m tools.benchmark schedules [--quick]``.
 
-One model for all: the gpipe benchmark's stack of dense layers (``--depth`` layers of ``--width``,
-relu, a global batch of ``--batch`` rows) as a GPipeLayer with K=2 schedule devices, M=8
+One model for all: the gpipe benchmark's stack of dense layers (``--depth`` 8 layers of ``--width``
+1024, relu, a global batch of ``--batch`` 4096 rows) as a GPipeLayer with K=2 schedule devices, M=8
 micro-batches (``--quick``: 4), remat never, the squared error computed per micro-batch in the last
-stage (a head, as the tasks do), trained by SGD.
+stage (a head, as the tasks do), trained by SGD. The width makes a unit's work (a stage's forward on
+a micro-batch: about 20 ms on one core) large against what every unit and hand-off costs besides
+(at width 512 the interleaved schedule's 16 more units and 32 more hand-offs per device cost about
+as much as its smaller bubble saves).
 Per schedule (fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b with virtual_stages=2,
 zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ...,
 "predicted_step_s": ..., "peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}``
@@ -37,13 +40,17 @@ its memory to another):
   the batch or the targets); each device's median over ``--peak_steps`` (5) steps of each schedule,
   run in rounds after the timed ones (``peak_activation_bytes_per_step``: each step's, per device;
   ``allocator_peak_bytes``, ``resident_bytes``: the last round's, per device). It includes the
-  weight-gradient sums and the ops' temporaries, not only the activations.
+  weight-gradient sums and the ops' temporaries, not only the activations. The peaks are read on
+  stage processes of their own, started after the timed ones, whose devices run one op at a time
+  (1 inter-op thread, ``PEAK_INTER_OP``; as an accelerator's compute stream runs its kernels in
+  order): with two inter-op threads two ops of a unit may hold their outputs at once or not, and a
+  device's peak moved by up to 4 MiB from one run to the next (the timed steps keep two: a receive
+  waits beside the compute).
 - ``predicted_peak_activation_bytes``: the largest of the simulated step's per-device peaks
   (``predicted_peak_per_device_bytes``, ``process_peaks``): what the logical side's model holds
-  (below), with what a stage process holds instead: the first stage's input is a slice of the batch
-  its process holds between steps (an aligned split aliases it: nothing more), the last stage's head
-  keeps its output's difference to the target from the forward to the B or I (the square's gradient
-  reads it), and the hand-offs are copies (``received_held_changes``): a stage's received input is
+  (below), with what a stage process holds besides: the last stage's head keeps its output's
+  difference to the target from the forward to the B or I (the square's gradient reads it), and the
+  hand-offs are copies (``received_held_changes``): a stage's received input is
   held from the sender's forward's end plus ``transfer`` (TensorFlow starts a receive with the step,
   so it lands as soon as it is sent, not when the forward that reads it starts), and the gradient
   for a stage's output from the next stage's B or I end plus ``transfer`` to the end of the stage's
@@ -70,11 +77,13 @@ side's best step counts (load only ever adds time).
   layers; depth / (K v) for the interleaved schedule) on one micro-batch (batch / M rows), timed
   alone on one core (1 intra-op, 1 inter-op thread) as three compiled steps: the forward (F), the
   forward and what I computes (F + I: the gradient for the chunk's input, and the weight gradients
-  of the layers whose W the executor does not defer, ``deferred_layers``), and the forward and every
-  gradient (F + B). So F, I = (F + I) - F, B = (F + B) - F, W = B - I, the same for every stage (the head's
-  square is noise next to the matrix products). ``alone_speedup`` (a lone stage in the fill or
-  drain uses the idle core too) is the widest chunk's F + B step on one core over the same step on
-  the pipeline's two cores and threads. Hand-offs cost nothing (logical devices share memory).
+  of the layers whose W the executor does not defer on that stage, ``deferred_layers``), and the
+  forward and every gradient (F + B). So F, I = (F + I) - F, B = (F + B) - F, W = B - I, F and B the
+  same for every stage (the head's square is noise next to the matrix products), I and W per stage
+  (``unit_costs_s``' ``backward_input_per_stage``, ``backward_weight_per_stage``).
+  ``alone_speedup`` (a lone stage in the fill or drain uses the idle core too) is the widest chunk's
+  F + B step on one core over the same step on the pipeline's two cores and threads. Hand-offs
+  cost nothing (logical devices share memory).
 - ``peak_activation_bytes``: a step's peak over what the process holds between steps, both from
   ``tf.config.experimental.get_memory_info("CPU:0")`` under ``TF_CPU_ALLOCATOR_USE_BFC=true``: the
   allocator's peak during one step (stats reset before it) minus its ``current`` bytes just before
@@ -86,17 +95,20 @@ side's best step counts (load only ever adds time).
   weights' size once the first backward of a stage has run) and the ops' temporaries, not only the
   activations.
 - ``predicted_peak_activation_bytes``: the simulated step (above), every (stage, micro-batch)
-  weighing what its forward keeps for the backward (``held_bytes``: the stage's input and each
-  layer's output) from its forward's start to the end of its last backward unit (B or W); under the
-  zero-bubble schedules, from the end of its I to the end of its W, what W reads instead
-  (``weight_held_bytes``: each deferred layer's input and the gradient of its product); and
-  each stage's weight-gradient sums (``sums_bytes``) from the end of its first B or W on. The most
-  held at one instant, summed over both devices (as measured). ``predicted_peak_per_device_bytes``:
-  each device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
-  device, 1F1B K - d on device d; since W defers only as much as the forward kept, ZB-H1's largest
-  per-device peak is 1F1B's, while both devices together hold more; one_f_one_b_split holds 1F1B's
-  K - d on device d, and after I a micro-batch weighs no more than after its forward, so both
-  devices together hold no more than under 1F1B).
+  weighing what the executor counts its forward keeps for the backward (``layer_bytes``,
+  ``held_bytes_per_micro_batch``: the stage's input, except the first stage's, a slice of the batch,
+  and each layer's output) from its forward's start to the end of its last backward unit (B or W);
+  under the split schedules, from the end of its I to the end of its W, what W reads instead
+  (``held_bytes_input_to_weight``: each deferred layer's input and the gradient of its product, as
+  many layers as the executor defers on that stage, ``deferred_layers_per_stage``); and each stage's
+  weight-gradient sums (``sums_bytes``) from the end of its first B or W on. The most held at one
+  instant, summed over both devices (as measured). ``predicted_peak_per_device_bytes``: each
+  device's own peak (what the zero-bubble papers compare: ZB-H1 holds K micro-batches on every
+  device, 1F1B K - d on device d; the executor defers on each device only as much W as keeps it
+  within 1F1B's fullest device, ``schedule.weight_budgets``, so ZB-H1's largest per-device peak is
+  1F1B's, while both devices together hold more; one_f_one_b_split holds 1F1B's K - d on device d,
+  and after I a micro-batch weighs no more than after its forward, so both devices together hold no
+  more than under 1F1B).
 """
 
 from __future__ import annotations
@@ -132,6 +144,10 @@ STEPS = {"processes": 10, "logical": 5}
 # --devices=processes: a hand-off's cost is a chain of this many hops of a micro-batch's activation
 # between the two stage processes, less the same chain kept in stage 0's process, over the hops.
 HANDOFF_HOPS = 16
+# --devices=processes: the peaks are read on stage processes that run one op at a time (as an
+# accelerator's compute stream runs its kernels in order): with two inter-op threads two ops of a
+# unit may hold their outputs at once or not, and a device's peak moved by up to 4 MiB between runs.
+PEAK_INTER_OP = 1
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -261,10 +277,11 @@ def run_worker(spec: dict) -> int:
                 step().numpy()
         ready["peaks"] = _peaks({name: steps[name] for name, _ in SCHEDULES}, spec["peak_steps"])
     print(json.dumps(ready), flush=True)
+    probe = remote.MemoryProbe()  # stage 0's allocator, if this client hosts it
     for line in sys.stdin:
         word, _, name = line.strip().partition(" ")
         if hosted and word in remote.MEMORY_REQUESTS:
-            print(json.dumps(remote.memory_answer(word)), flush=True)
+            print(json.dumps(probe.answer(word)), flush=True)
             continue
         if word != "step" or name not in steps:
             break
@@ -298,7 +315,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tools.benchmark schedules", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--width", type=int, default=512, help="Width of each dense layer.")
+    parser.add_argument("--width", type=int, default=1024, help="Width of each dense layer.")
     parser.add_argument("--depth", type=int, default=8, help="Number of dense layers (a multiple of 4).")
     parser.add_argument("--batch", type=int, default=4096, help="Global batch (M=8 micro-batches of it).")
     parser.add_argument("--activation", default="relu", help="Activation of the dense layers.")
@@ -323,7 +340,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default="processes",
         help="What a schedule device is: processes (default: a tf.distribute.Server process per device, "
         "each pinned to its own core, 1 intra-op and 2 inter-op threads, driven by a client process; "
-        "peaks per device, the largest counts) or logical (two logical CPU devices of one process "
+        "peaks per device, read on stage processes of 1 inter-op thread, the largest counts) or logical "
+        "(two logical CPU devices of one process "
         "sharing 2 cores; peaks of both devices together). --steps defaults to "
         f"{STEPS['processes']} under processes (a step needs both pinned cores at once, so other work "
         f"on the machine delays more of its steps), {STEPS['logical']} under logical.",
@@ -451,7 +469,9 @@ def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, A
     its own core, 1 intra-op and 2 inter-op threads, the BFC allocator) and a client process driving
     the six schedules' steps and the hand-off steps; a worker for the unit costs (1 core, the BFC
     allocator too); under ``--quick`` the client times the unit costs itself. Then ``--peak_steps``
-    rounds of every schedule's step, each stage process's allocator reset before it and read after."""
+    rounds of every schedule's step on stage processes of one inter-op thread (``PEAK_INTER_OP``;
+    under ``--quick`` the same processes), each stage process's allocator reset before it and read
+    after."""
     k, m = NUM_DEVICES, args.micro_batches
     model = {"width": args.width, "activation": args.activation, "warmup": args.warmup}
     units, chunks = _units(args)
@@ -469,8 +489,6 @@ def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, A
     if args.verbose:
         print(f"schedules benchmark: {json.dumps([client, costs], sort_keys=True)}", file=sys.stderr)
     times: dict[str, list[float]] = {}
-    held: dict[str, list[list[int]]] = {name: [] for name, _ in SCHEDULES}
-    peaks: dict[str, dict] = {}
     pipeline = remote.Pipeline(client, cpus, client="schedules")
     workers = {"client": pipeline.client}
     try:
@@ -484,24 +502,48 @@ def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, A
         for _ in range(args.steps):  # alternating rounds: every side sees the same load
             for worker, name in names:
                 times.setdefault(name, []).append(worker.ask(f"step {name}")["step_s"])
-        for _ in range(args.peak_steps):  # rounds: every schedule's step in turn
-            for name, _ in SCHEDULES:
-                before = pipeline.ask_stages("reset")
-                pipeline.client.ask(f"step {name}")
-                after = pipeline.ask_stages("peak")
-                held[name].append([a["peak_bytes"] - b["current_bytes"] for a, b in zip(after, before)])
-                peaks[name] = {
-                    "peak_bytes": [a["peak_bytes"] for a in after],
-                    "resident_bytes": [b["current_bytes"] for b in before],
-                }
+        peaks = _peak_rounds(pipeline, args.peak_steps) if args.quick else {}
     finally:
         if "costs" in workers:
             workers["costs"].close()
         pipeline.close()
-    for name, steps in held.items():
-        peaks[name]["held_bytes"] = steps
+    if not args.quick:
+        peak_client = {**client, "stage_inter_op_threads": PEAK_INTER_OP, "trace_allocations": True}
+        pipeline = remote.Pipeline(peak_client, cpus, client="schedules")
+        try:
+            pipeline.client.read()  # ready
+            peaks = _peak_rounds(pipeline, args.peak_steps)
+        finally:
+            pipeline.close()
     best = {name: {"best": min(t), "median": statistics.median(t)} for name, t in times.items()}
     return {"times": best, "peaks": peaks, "chunks": chunks}
+
+
+def _peak_rounds(pipeline: Any, rounds: int) -> dict[str, dict]:
+    """``rounds`` rounds of every schedule's step (in turn) on ``pipeline``, each stage process's
+    allocator reset before the step and read after: per schedule, each step's peak over the bytes
+    each device held before it (``held_bytes``), and the last round's peak and resident bytes."""
+    held: dict[str, list[list[int]]] = {name: [] for name, _ in SCHEDULES}
+    peaks: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, _ in SCHEDULES:
+            before = pipeline.ask_stages("reset")
+            pipeline.client.ask(f"step {name}")
+            after = pipeline.ask_stages("peak")
+            # The tensors' own peak where traced (``trace_allocations``), else the allocator's.
+            held[name].append(
+                [
+                    a.get("live_peak_bytes", a["peak_bytes"]) - b["current_bytes"]
+                    for a, b in zip(after, before)
+                ]
+            )
+            peaks[name] = {
+                "peak_bytes": [a["peak_bytes"] for a in after],
+                "resident_bytes": [b["current_bytes"] for b in before],
+            }
+    for name, steps in held.items():
+        peaks[name]["held_bytes"] = steps
+    return peaks
 
 
 def layer_bytes(depth: int, rows: int, width: int, stage: int) -> tuple[int, list[int]]:
@@ -554,7 +596,7 @@ def sums_bytes(depth: int, width: int) -> int:
 def received_held_changes(evs: Any, boundary: float, transfer: float) -> list[list[tuple[float, float]]]:
     """Per device, (time, change) of what it holds beyond ``held_over_time`` when the hand-offs are
     copies between processes: a stage's input (``boundary`` bytes, a micro-batch's activation, counted
-    from the stage's forward by ``held_bytes``) is received, so held, from the sender's forward's end
+    from the stage's forward by ``layer_bytes``) is received, so held, from the sender's forward's end
     plus ``transfer`` (a receive waits for nothing on its own device; TensorFlow starts it with the
     step) to that forward's start; and the gradient for a stage's output (``boundary`` bytes) from the
     next stage's B (or I) end plus ``transfer`` to the end of the stage's own B (or I), which reads

@@ -330,7 +330,7 @@ class _Step:
         (B), each segment's weight gradients come from the same backward pass and are summed."""
         if s == self.last_stage and not self.differentiable:
             self.differentiable = self._differentiable(self.pieces[(s, m)][-1], len(self.heads[m]))
-        grads, produced = dys, []
+        grads, produced, summed = dys, [], []
         pieces = self.pieces.pop((s, m)) if weights else self.pieces[(s, m)]
         for piece in reversed(pieces):
             piece.output_grads = grads
@@ -342,19 +342,22 @@ class _Step:
             ys, gs = zip(*pairs)
             if weights or not piece.deferred:
                 variables = list(piece.tape.watched_variables())
-                grads = piece.tape.gradient(list(ys), sources + variables, output_gradients=list(gs))
-                produced += self._add_to_sums(s, variables, grads[len(sources) :])
+                with _after(summed):
+                    grads = piece.tape.gradient(list(ys), sources + variables, output_gradients=list(gs))
+                summed = self._add_to_sums(s, variables, grads[len(sources) :])
+                produced += summed
                 grads = grads[: len(sources)]
                 continue
             cut = [t for _, ts in piece.frontier or [] for t in ts]
-            grads = piece.tape.gradient(list(ys), sources + cut, output_gradients=list(gs))
+            with _after(summed):
+                grads = piece.tape.gradient(list(ys), sources + cut, output_gradients=list(gs))
             grads, piece.frontier_grads = grads[: len(sources)], grads[len(sources) :]
         self.in_grads[(s, m)] = list(grads)
         return list(grads) + produced
 
     def _weights(self, s: int, m: int) -> list[Any]:
         """W: each segment's weight gradient from its output gradient, added to the step's sums."""
-        produced = []
+        produced: list[Any] = []
         for piece in self.pieces.pop((s, m)):
             if not piece.deferred:  # I took its weight gradient
                 continue
@@ -366,12 +369,13 @@ class _Step:
             ]
             if not variables or not pairs:
                 continue
-            if piece.frontier is not None and piece.frontier_grads is not None:
-                grads = _frontier_weight_grads(piece)
-                variables = [v for v, _ in piece.frontier]
-            else:
-                ys, gs = zip(*pairs)
-                grads = piece.tape.gradient(list(ys), variables, output_gradients=list(gs))
+            with _after(produced):
+                if piece.frontier is not None and piece.frontier_grads is not None:
+                    grads = _frontier_weight_grads(piece)
+                    variables = [v for v, _ in piece.frontier]
+                else:
+                    ys, gs = zip(*pairs)
+                    grads = piece.tape.gradient(list(ys), variables, output_gradients=list(gs))
             produced += self._add_to_sums(s, variables, grads)
         return produced
 
@@ -858,6 +862,14 @@ def _zeros_for(t: tf.Tensor) -> tf.Tensor | None:
     if t.shape.is_fully_defined():
         return tf.zeros(t.shape, t.dtype)
     return tf.zeros_like(t)
+
+
+def _after(sums: list[Any]) -> Any:
+    """A context whose ops wait for ``sums`` (the previous segment's weight-gradient sums): each
+    segment's weight gradient is added to the sums before the next segment's gradients are computed,
+    so one segment's weight gradient at a time is alive beside the sums (left free, TensorFlow ran a
+    stage's products first and kept every segment's weight gradient until the adds)."""
+    return tf.control_dependencies([_dense_part(t) for t in sums])
 
 
 def _zero_after(tensors: list[tf.Tensor]) -> tf.Tensor:
