@@ -14,6 +14,7 @@ SCRIPT = """
 import json
 import tensorflow as tf
 from tools.memory_trace import live_tensor_peak
+from tools.benchmarks.remote import MemoryProbe
 
 resident = tf.ones([256, 1024])  # 1 MiB in use before the step
 
@@ -25,7 +26,16 @@ def step(seed):  # a seed argument, so that grappler cannot fold the samples int
 
 seed = tf.constant([1, 2])
 step(seed)
-print(json.dumps(live_tensor_peak(lambda: step(seed).numpy())))
+figures = live_tensor_peak(lambda: step(seed).numpy())
+# A stage process's probe: the same trace between its reset and peak lines.
+probe, plain = MemoryProbe(trace=True), MemoryProbe()
+before = probe.answer("reset")
+step(seed).numpy()
+figures["probe_step_bytes"] = probe.answer("peak")["live_peak_bytes"] - before["current_bytes"]
+plain.answer("reset")
+step(seed).numpy()
+figures["plain_keys"] = sorted(plain.answer("peak"))
+print(json.dumps(figures))
 """
 
 
@@ -43,3 +53,5 @@ def test_live_peak_counts_the_step_tensors_and_what_was_resident():
     step_bytes = figures["live_peak_bytes"] - figures["resting_bytes"]
     assert 8 * mib <= step_bytes <= 9 * mib
     assert figures["live_peak_bytes"] <= figures["chunk_peak_bytes"]
+    assert 8 * mib <= figures["probe_step_bytes"] <= 9 * mib
+    assert figures["plain_keys"] == ["current_bytes", "peak_bytes"]  # no trace: the allocator's only
