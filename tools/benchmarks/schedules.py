@@ -23,7 +23,7 @@ its memory to another):
   and a client process (on both cores) that builds the six schedules' compiled steps with device d's
   stages (d, and d + K for interleaved) on process d's ``CPU:0``, the batch on device 0 and the
   targets on device 1, made once, each SGD update on its variable's device. Stage processes answer
-  ``reset`` / ``peak`` lines on stdin with their allocator's numbers (``remote.memory_answer``).
+  ``reset`` / ``peak`` lines on stdin with their allocator's numbers (``remote.MemoryProbe``).
 - ``step_s``: the client's call of the compiled step (forward, backward, update), best of
   ``--steps`` (10; the logical side's 5: a step needs both pinned cores at once, so other work on
   the machine delays more of its steps) rounds: one step of every schedule, the hand-off steps
@@ -35,17 +35,20 @@ its memory to another):
   between the two stage processes (a multiplication by a scalar variable on each arrival), less the
   same step with every multiplication on device 0, over the hops.
 - ``peak_activation_bytes``: the largest device's peak (``peak_activation_bytes_per_device``: each
-  device's, read in its own stage process): ``tf.config.experimental.get_memory_info("CPU:0")``'s
-  peak during one step (stats reset just before) minus its ``current`` bytes at the reset (weights,
-  the batch or the targets); each device's median over ``--peak_steps`` (5) steps of each schedule,
-  run in rounds after the timed ones (``peak_activation_bytes_per_step``: each step's, per device;
-  ``allocator_peak_bytes``, ``resident_bytes``: the last round's, per device). It includes the
-  weight-gradient sums and the ops' temporaries, not only the activations. The peaks are read on
-  stage processes of their own, started after the timed ones, whose devices run one op at a time
-  (1 inter-op thread, ``PEAK_INTER_OP``; as an accelerator's compute stream runs its kernels in
-  order): with two inter-op threads two ops of a unit may hold their outputs at once or not, and a
-  device's peak moved by up to 4 MiB from one run to the next (the timed steps keep two: a receive
-  waits beside the compute).
+  device's, read in its own stage process): the peak of the tensors alive during one step, replayed
+  from the allocator's events (``tools.memory_trace.AllocatorTrace``, started by the ``reset`` line
+  and stopped by the ``peak`` line: requested bytes, not the BFC allocator's chunks, which may be
+  twice a tensor), minus the ``current`` bytes at the reset (weights, the batch or the targets);
+  each device's median over ``--peak_steps`` (5) steps of each schedule, run in rounds after the
+  timed ones (``peak_activation_bytes_per_step``: each step's, per device; ``allocator_peak_bytes``,
+  ``resident_bytes``: the BFC allocator's peak and the resident bytes of the last round, per
+  device). It includes the weight-gradient sums and the ops' temporaries, not only the activations.
+  The peaks are read on stage processes of their own, started after the timed ones, whose devices
+  run one op at a time (1 inter-op thread, ``PEAK_INTER_OP``; as an accelerator's compute stream
+  runs its kernels in order): with two inter-op threads two ops of a unit may hold their outputs at
+  once or not, and a device's peak moved by up to 4 MiB from one run to the next (the timed steps
+  keep two: a receive waits beside the compute). Under ``--quick`` the peaks are the BFC
+  allocator's, read on the timed processes.
 - ``predicted_peak_activation_bytes``: the largest of the simulated step's per-device peaks
   (``predicted_peak_per_device_bytes``, ``process_peaks``): what the logical side's model holds
   (below), with what a stage process holds besides: the last stage's head keeps its output's
