@@ -200,8 +200,13 @@ def main(argv: list[str]) -> int:
     root = resolve_params()
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
-    # what training would refuse (cluster modes build the task inside their strategy or mesh)
-    preflight.check(root, build=FLAGS.mode not in ("sync", "async", "mesh", "stages"))
+    # what training would refuse (cluster modes build the task inside their strategy or mesh); the
+    # modes that build the task again report its layers then
+    preflight.check(
+        root,
+        build=FLAGS.mode not in ("sync", "async", "mesh", "stages"),
+        report=FLAGS.mode in ("inspect_params", "inspect_datasets"),
+    )
     if FLAGS.mode == "inspect_params":
         sys.stdout.write(root.to_text())
         return 0

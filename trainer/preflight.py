@@ -14,9 +14,12 @@ last checkpoint at max_steps, every job in this process done), so a rerun writes
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import tensorflow as tf
+from absl import logging
 
 from layers.base_layer import FPropContext
 from params import experiment, text_format, text_tree
@@ -29,9 +32,11 @@ from trainer import checkpointer, cluster, files, tracing
 SHOWN = 3  # keys named when several hold the refused value
 
 
-def check(root: Params, *, build: bool = True) -> None:
+def check(root: Params, *, build: bool = True, report: bool = True) -> None:
     """Raises ConfigError for anything the jobs would refuse. ``build=False`` (a cluster process,
-    whose strategy must be made before TensorFlow starts): only the checks that need no TensorFlow."""
+    whose strategy must be made before TensorFlow starts): only the checks that need no TensorFlow.
+    ``report=False`` (a mode that builds the task again): the layers' information lines while the
+    task is built here (a GPipe layer's partition table) are left to that build, so they show once."""
     task_cls = root.task.get("cls") if "cls" in root.task.names() else None
     if not (isinstance(task_cls, type) and issubclass(task_cls, BaseTask)):
         return  # not a task of this project (a stand-in of the params tests): nothing to build
@@ -42,7 +47,7 @@ def check(root: Params, *, build: bool = True) -> None:
         cluster.configure(root.cluster)
         for name in root.input.names():
             root.input.get(name).instantiate()
-        with tf.device("/CPU:0"):
+        with tf.device("/CPU:0"), contextlib.nullcontext() if report else _warnings_only():
             _trace_forward(root)
     except ValueError as e:  # TensorFlow's shape errors while tracing: the model does not fit its input
         if isinstance(e, ConfigError):
@@ -51,6 +56,16 @@ def check(root: Params, *, build: bool = True) -> None:
         raise ConfigError(f"the task's forward pass does not fit its input: {detail[:500]}") from None
     except ConfigError as e:
         raise ConfigError(name_the_key(root, str(e))) from None
+
+
+@contextlib.contextmanager
+def _warnings_only() -> Iterator[None]:
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
 
 
 def _trace_forward(root: Params) -> None:

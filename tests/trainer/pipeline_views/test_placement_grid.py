@@ -124,6 +124,7 @@ def test_the_binary_prints_the_grid_and_writes_the_svg(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert all(f"CPU:{d}  " in result.stdout for d in range(4)), result.stdout
     assert f"inspect_placement: wrote {tmp_path / 'placement.svg'}" in result.stdout
+    assert result.stderr.count("layers in 2 stages") == 1, result.stderr  # the partition table, once
     assert not (tmp_path / "train").exists()  # nothing trained, no checkpoint
     svg = ET.parse(tmp_path / "placement.svg").getroot()
     assert len([g for g in svg.iter(f"{NS}g") if g.get("class") == "cell"]) == 4
