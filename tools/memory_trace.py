@@ -9,6 +9,7 @@ benchmark can tell a layer's memory from the allocator's rounding and fragmentat
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -72,9 +73,11 @@ def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
     trace.start()
     try:
         run_step()
-    finally:
-        figures = trace.stop()
-    return figures
+    except BaseException:
+        with contextlib.suppress(Exception):  # the step's own error is the one to see
+            trace.stop()
+        raise
+    return trace.stop()
 
 
 def _allocator_events(logdir: Path) -> list[tuple[int, str, dict]]:

@@ -56,7 +56,8 @@ def test_split_schedules_hold_what_w_reads_between_i_and_w():
     assert schedules_benchmark.deferred_layers("zb_h2", 4, 512, 512, 8) == [2, 2]
     assert schedules_benchmark.deferred_layers("zb_h1", 4, 512, 512, 8) == [2, 1]
     assert schedules_benchmark.deferred_layers("one_f_one_b", 4, 512, 512, 8) == [0, 0]
-    held, after_input, sums = schedules_benchmark.stage_weights("zb_h1", 4, 512, 512, 8, 2)
+    deferred = schedules_benchmark.deferred_layers("zb_h1", 4, 512, 512, 8)
+    held, after_input, sums = schedules_benchmark.stage_weights(4, 512, 512, 2, deferred)
     assert held == [4 * mib, 5 * mib] and after_input == [3 * mib, 2 * mib]
     assert sums == [schedules_benchmark.sums_bytes(4, 512)] * 2 == [4 * (512 * 512 + 512) * 4] * 2
 

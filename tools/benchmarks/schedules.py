@@ -577,12 +577,12 @@ def deferred_layers(name: str, depth: int, rows: int, width: int, micro_batches:
 
 
 def stage_weights(
-    name: str, depth: int, rows: int, width: int, micro_batches: int, stages: int
+    depth: int, rows: int, width: int, stages: int, deferred: list[int]
 ) -> tuple[list[float], list[float], list[float]]:
-    """Per stage of schedule ``name`` (``stages`` of ``depth`` layers): what a micro-batch weighs from
-    its forward (``layer_bytes``), what it weighs from its I to its W (the deferred layers' reads),
-    and the weight-gradient sums (``held_over_time``'s weights)."""
-    deferred = deferred_layers(name, depth, rows, width, micro_batches) if stages == NUM_DEVICES else []
+    """Per stage (``stages`` of ``depth`` layers): what a micro-batch weighs from its forward
+    (``layer_bytes``), what it weighs from its I to its W (the reads of the ``deferred`` first layers
+    of each stage, ``deferred_layers``; none without W units) and the weight-gradient sums
+    (``held_over_time``'s weights)."""
     held, after_input = [], []
     for s in range(stages):
         kept, layers = layer_bytes(depth, rows, width, s)
@@ -694,7 +694,7 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
         )
         prediction = simulator.simulate(name, m, "never", costs, virtual_stages=v)
         step = times[name]["best"]
-        weights = stage_weights(name, depth, rows, args.width, m, stages)
+        weights = stage_weights(depth, rows, args.width, stages, deferred)
         if processes:
             per_step = peaks[name]["held_bytes"]  # per step, per device
             measured_per_device = [statistics.median(s[d] for s in per_step) for d in range(k)]
