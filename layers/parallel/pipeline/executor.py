@@ -335,23 +335,19 @@ class _Step:
         for piece in reversed(pieces):
             piece.output_grads = grads
             pairs = [(y, g) for y, g in zip(piece.outputs, grads) if y.dtype.is_floating and g is not None]
-            sources = [x for x in piece.inputs]
             if not pairs:
-                grads = [None] * len(sources)
+                grads = [None] * len(piece.inputs)
                 continue
-            ys, gs = zip(*pairs)
             if weights or not piece.deferred:
                 variables = list(piece.tape.watched_variables())
                 with _after(summed):
-                    grads = piece.tape.gradient(list(ys), sources + variables, output_gradients=list(gs))
-                summed = self._add_to_sums(s, variables, grads[len(sources) :])
+                    grads, weight_grads = _backward(piece.tape, pairs, piece.inputs, variables)
+                summed = self._add_to_sums(s, variables, weight_grads)
                 produced += summed
-                grads = grads[: len(sources)]
                 continue
             cut = [t for _, ts in piece.frontier or [] for t in ts]
             with _after(summed):
-                grads = piece.tape.gradient(list(ys), sources + cut, output_gradients=list(gs))
-            grads, piece.frontier_grads = grads[: len(sources)], grads[len(sources) :]
+                grads, piece.frontier_grads = _backward(piece.tape, pairs, piece.inputs, cut)
         self.in_grads[(s, m)] = list(grads)
         return list(grads) + produced
 
@@ -599,6 +595,30 @@ def _scaled(g: Any, scale: Any) -> Any:
     if isinstance(g, tf.IndexedSlices):
         return tf.IndexedSlices(g.values * tf.cast(scale, g.values.dtype), g.indices, g.dense_shape)
     return g * tf.cast(scale, g.dtype)
+
+
+def _backward(
+    tape: tf.GradientTape, pairs: list[tuple[tf.Tensor, Any]], inputs: list[tf.Tensor], others: list[Any]
+) -> tuple[list[Any], list[Any]]:
+    """One backward pass through a segment's ``tape`` from its (output, output gradient) ``pairs``:
+    the gradient at each position of ``inputs``, and at each of ``others`` (weights, or the weight
+    gradient's cut).
+
+    A structure may hold one tensor under several keys (a skip connection keeps the activation it
+    branches from). The tape gives such a tensor its whole gradient at every position it is asked
+    for, while everything downstream treats the gradients as one per position and sums repeats: a
+    previous segment's tape sums the output gradients of a repeated output, ``tf.custom_gradient``
+    sums the gradients of a repeated input. So the whole gradient goes to a tensor's first position
+    and None (no gradient) to its repeats: the sums downstream count it once."""
+    ys, gs = zip(*pairs)
+    first: dict[int, int] = {}
+    for i, x in enumerate(inputs):
+        first.setdefault(id(x), i)
+    unique = [x for i, x in enumerate(inputs) if first[id(x)] == i]
+    grads = tape.gradient(list(ys), unique + list(others), output_gradients=list(gs))
+    by_id = {id(x): g for x, g in zip(unique, grads)}
+    input_grads = [by_id[id(x)] if first[id(x)] == i else None for i, x in enumerate(inputs)]
+    return input_grads, list(grads[len(unique) :])
 
 
 # ------------------------------------------------------------------- ops with their own gradients
