@@ -10,7 +10,7 @@ from tensorflow.experimental import dtensor
 from layers.base_layer import FPropContext
 from layers.parallel import mesh as mesh_lib
 from tasks.lm.params.synthetic import MeshTransformerLM
-from trainer.distributed.mesh_placement import MeshTrainStep
+from trainer.distributed.mesh_placement import MeshPlacement
 from trainer.train_step import TrainStep
 
 pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
@@ -75,7 +75,7 @@ def reference():
 def test_sharded_lm_equals_unsharded(reference, shape):
     exp = _experiment()
     mesh = mesh_lib.create_mesh(shape, ["data", "model"], RULES)
-    step = MeshTrainStep(mesh, exp.task(), exp.train())
+    step = TrainStep(exp.task(), exp.train(), MeshPlacement(mesh))
     assert all(isinstance(v, dtensor.DVariable) for v in step.task.variables)
     # The weights really are split: the feed-forward hidden weight over 'model', and gradients come
     # back in the variables' layouts.
