@@ -12,15 +12,15 @@ import pytest
 from params import experiment
 from params.errors import ConfigError
 from tests.trainer import runner
-from trainer import cluster, preflight
+from trainer import preflight, tf_settings
 
 CONVNET = "image.digits.ConvNet"
 
 
 @pytest.fixture(autouse=True)
 def _no_device_settings(monkeypatch):
-    """The test process has its devices already; the check's cluster.configure is the binary's."""
-    monkeypatch.setattr(cluster, "configure", lambda *args, **kwargs: None)
+    """The test process has its devices already; the check's tf_settings.configure is the binary's."""
+    monkeypatch.setattr(tf_settings, "configure", lambda *args, **kwargs: None)
     yield
     gin.clear_config()
 
