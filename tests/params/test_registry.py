@@ -78,3 +78,21 @@ def test_model_names_import_only_from_experiment_packages(canary, tmp_path, monk
     monkeypatch.setenv(registry.PACKAGES_ENV, "tests,tp_optin_exps")
     assert registry.get("tp_optin_exps.Exp").__module__ == "tp_optin_exps"
     monkeypatch.delitem(sys.modules, "tp_optin_exps")
+
+
+def test_an_import_error_inside_a_user_module_is_reported_as_such(tmp_path, monkeypatch):
+    package = tmp_path / "user_exps_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "broken.py").write_text("import no_such_dependency_xyz\n")
+    (package / "typo.py").write_text("x = undefined_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(registry.PACKAGES_ENV, "tests,user_exps_pkg,not_a_pkg_xyz")  # the opt-in
+    with pytest.raises(
+        ConfigError, match="importing user_exps_pkg.broken failed: No module named 'no_such_dep"
+    ):
+        registry.get("user_exps_pkg.broken.MyExp")
+    with pytest.raises(ConfigError, match="importing user_exps_pkg.typo failed: NameError"):
+        registry.get("user_exps_pkg.typo.MyExp")
+    with pytest.raises(ConfigError, match="unknown model .*PYTHONPATH"):
+        registry.get("not_a_pkg_xyz.exps.MyExp")
