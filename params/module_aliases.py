@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 ALIASES: dict[str, str] = {
-    # Issue 24: the ways of cutting a model across devices moved under layers/parallel/.
+    # The ways of cutting a model across devices, under layers/parallel/.
     "layers.gpipe": "layers.parallel.pipeline.gpipe",
     "layers.pipeline_stage": "layers.parallel.pipeline.executor",
     "layers.pipeline_schedule": "layers.parallel.pipeline.schedule",
@@ -23,7 +23,7 @@ ALIASES: dict[str, str] = {
     "layers.partition": "layers.parallel.partition",
     "layers.local_parallel": "layers.parallel.local",
     "layers.mesh": "layers.parallel.mesh",
-    # Issue 24: layers/transformer.py split into modules with one job each (the layer stays).
+    # layers/transformer.py split into modules with one job each (the layer stays).
     "layers.transformer/PositionalEmbedding": "layers.transformer_input/PositionalEmbedding",
     "layers.transformer/TransformerInput": "layers.transformer_input/TransformerInput",
     "layers.transformer/TransformerStack": "layers.transformer_stack/TransformerStack",

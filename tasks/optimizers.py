@@ -52,10 +52,6 @@ class Optimizer(tf.Module):
     def _update(self, grad: tf.Tensor, var: tf.Variable, slots: dict, lr: tf.Tensor, t: tf.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__}._update")
 
-    @property
-    def is_built(self) -> bool:
-        return bool(self._refs)
-
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Creates the slots of ``variables`` (in this order). Calling it again with the same
         variables does nothing; other variables are an error, since slots are tracked by position."""

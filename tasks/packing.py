@@ -23,7 +23,6 @@ import collections
 
 import tensorflow as tf
 
-PACKED_KEYS = ("segment_ids", "segment_pos", "paddings")
 WINDOW = 1024  # examples packed per step: more packs tighter (fewer part-filled rows per example)
 
 

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from params import experiment  # noqa: E402
 from params.errors import UserError  # noqa: E402
-from trainer import cluster  # noqa: E402
+from trainer import tf_settings  # noqa: E402
 from trainer.decoder_job import compiled_decode, decode_all, implements_decode  # noqa: E402
 from trainer.evaler_job import compiled_batch_metrics, weighted_means  # noqa: E402
 from trainer.train_step import TrainStep  # noqa: E402
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def measure(args: argparse.Namespace) -> None:
     root = experiment.resolve(args.model, params_override=args.params_override)
-    cluster.configure(root.cluster)
+    tf_settings.configure(root.cluster)
     step_fn = TrainStep(experiment.task_params_for(root, "train"), root.input.train)
     task = step_fn.task
     dev = root.input.dev.instantiate().dataset()

@@ -24,7 +24,7 @@ from absl import logging as absl_logging
 
 from params.errors import ConfigError
 from params.hyperparams import Params
-from trainer import checkpointer, cluster, files
+from trainer import checkpointer, files, tf_settings
 from trainer.checkpoint_job import CheckpointJob, SharedTasks, run_until_finished
 from trainer.decoder_job import Decoder, implements_decode
 from trainer.distributed import peers as cluster_wait
@@ -84,7 +84,7 @@ def run_jobs(
     written; the LOCK when this process trains). ``cluster_spec``: where the stage tasks of
     ``cluster.stage_job`` are (trainer/distributed/remote_stages.py), waited for up to
     ``cluster_wait_secs``."""
-    cluster.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
+    tf_settings.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
     if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
         absl_logging.set_verbosity(absl_logging.WARNING)
     names = check_jobs(root, jobs)

@@ -11,8 +11,10 @@ are printed by --mode=inspect_params and written to <logdir>/params.txt.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
@@ -23,17 +25,144 @@ from params.errors import ConfigError, UserError  # noqa: E402
 from params.hyperparams import InstantiableParams, Params  # noqa: E402
 from trainer import lingvo_flags, signals, tf_startup  # noqa: E402
 
-MODES = (
-    "train",
-    "sync",
-    "async",
-    "mesh",
-    "stages",
-    "inspect_params",
-    "inspect_datasets",
-    "inspect_placement",
-    "profile_pipeline",
-)
+
+def _inspect_params(root: Params) -> int:
+    sys.stdout.write(root.to_text())
+    return 0
+
+
+def _inspect_datasets(root: Params) -> int:
+    sys.stdout.write(inspect_datasets(root))
+    return 0
+
+
+def _serve_stages(root: Params) -> int:
+    from trainer.distributed import remote_stages
+
+    return remote_stages.serve(root, FLAGS.cluster_spec, FLAGS.task_index)
+
+
+def _inspect_placement(root: Params) -> int:
+    from trainer.pipeline_views import placement_grid
+
+    return placement_grid.run(root, FLAGS.logdir, log=print)
+
+
+def _profile_pipeline(root: Params) -> int:
+    from trainer.pipeline_views import profiling
+
+    return profiling.run(root, FLAGS.logdir, log=print)
+
+
+def _mesh(root: Params) -> int:
+    from trainer.distributed import mesh_cluster
+
+    return mesh_cluster.run(
+        root,
+        FLAGS.logdir,
+        FLAGS.cluster_spec,
+        FLAGS.task_index,
+        allow_params_change=FLAGS.allow_params_change,
+        cluster_wait_secs=FLAGS.cluster_wait_secs,
+    )
+
+
+def _cluster_task(root: Params) -> int:
+    from trainer.distributed import jobs as cluster_jobs
+
+    return cluster_jobs.run(
+        root,
+        FLAGS.logdir,
+        FLAGS.mode,
+        FLAGS.job,
+        FLAGS.cluster_spec,
+        FLAGS.task_index,
+        allow_params_change=FLAGS.allow_params_change,
+        cluster_wait_secs=FLAGS.cluster_wait_secs,
+    )
+
+
+def _train(root: Params) -> int:
+    from trainer import launcher, preflight
+
+    done = preflight.finished(root, FLAGS.logdir, launcher.check_jobs(root, FLAGS.job))
+    if done:
+        print(done)
+        return 0
+    return launcher.run_jobs(
+        root,
+        FLAGS.logdir,
+        FLAGS.job,
+        allow_params_change=FLAGS.allow_params_change,
+        cluster_spec=FLAGS.cluster_spec,
+        cluster_wait_secs=FLAGS.cluster_wait_secs,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One value of --mode: what it does (its --help text) and how the binary runs it."""
+
+    help: str
+    run: Callable[[Params], int]
+    builds: bool = True  # the preflight builds the task (cluster modes build it in their strategy or mesh)
+    reports: bool = False  # the preflight prints the task's layers (no later build of this mode does)
+    needs_logdir: bool = True
+    saves: bool = True  # an interrupted run's line names the logdir's last checkpoint
+
+
+MODES: dict[str, Mode] = {
+    "train": Mode("run the jobs named by --job (one trainer process).", _train),
+    "sync": Mode(
+        "this process is one task of a training cluster (--cluster_spec or TF_CONFIG) that trains "
+        "data parallel (all-reduce).",
+        _cluster_task,
+        builds=False,
+    ),
+    "async": Mode(
+        "this process is one task of a training cluster (--cluster_spec or TF_CONFIG) that trains "
+        "asynchronously with parameter servers.",
+        _cluster_task,
+        builds=False,
+    ),
+    "mesh": Mode(
+        "this process is one of the processes a DTensor mesh (cluster.mesh_shape) is spread over "
+        "(--cluster_spec=trainer=host:port,host:port).",
+        _mesh,
+        builds=False,
+    ),
+    "stages": Mode(
+        "serve the GPipe stages (local-parallel blocks) of a trainer whose cluster.stage_job names this "
+        "process's job, as task --task_index of --cluster_spec, until stopped (docs/parallelism/remote.md).",
+        _serve_stages,
+        builds=False,
+        needs_logdir=False,
+        saves=False,
+    ),
+    "inspect_params": Mode(
+        "print the resolved Params and exit.", _inspect_params, reports=True, needs_logdir=False, saves=False
+    ),
+    "inspect_datasets": Mode(
+        "print each data set's input Params.",
+        _inspect_datasets,
+        reports=True,
+        needs_logdir=False,
+        saves=False,
+    ),
+    "inspect_placement": Mode(
+        "build the model as training would place it (GPipe stages, a mesh, stage meshes), train nothing, "
+        "print its device grid (each device's layers and weight bytes) and write it to "
+        "<logdir>/placement.svg.",
+        _inspect_placement,
+        saves=False,
+    ),
+    "profile_pipeline": Mode(
+        "profile one forward and backward pass of a pipelined model and write "
+        "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
+        _profile_pipeline,
+    ),
+}
+
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -58,20 +187,8 @@ flags.DEFINE_string(
 flags.DEFINE_enum(
     "mode",
     "train",
-    MODES,
-    "train: run the jobs named by --job (one trainer process). sync / async: this process is one "
-    "task of a training cluster (--cluster_spec or TF_CONFIG): sync data parallel (all-reduce) or "
-    "async with parameter servers. mesh: this process is one of the processes a DTensor mesh "
-    "(cluster.mesh_shape) is spread over (--cluster_spec=trainer=host:port,host:port). stages: "
-    "serve the GPipe stages (local-parallel blocks) of a trainer whose cluster.stage_job names this "
-    "process's job, as task --task_index of --cluster_spec, until stopped (docs/parallelism/remote.md). "
-    "inspect_params: print "
-    "the resolved Params and exit. inspect_datasets: print each data set's input Params. "
-    "inspect_placement: build the model as training would place it (GPipe stages, a mesh, stage "
-    "meshes), train nothing, print its device grid (each device's layers and weight bytes) and write "
-    "it to <logdir>/placement.svg. "
-    "profile_pipeline: profile one forward and backward pass of a pipelined model and write "
-    "<logdir>/pipeline_step.png (measured) next to pipeline_step_simulated.png, and image summaries.",
+    list(MODES),
+    " ".join(f"{name}: {mode.help}" for name, mode in MODES.items()),
 )
 flags.DEFINE_string(
     "cluster_spec",
@@ -200,78 +317,22 @@ def main(argv: list[str]) -> int:
     root = resolve_params()
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
+    mode = MODES[FLAGS.mode]
     # what training would refuse (cluster modes build the task inside their strategy or mesh); the
     # modes that build the task again report its layers then
-    preflight.check(
-        root,
-        build=FLAGS.mode not in ("sync", "async", "mesh", "stages"),
-        report=FLAGS.mode in ("inspect_params", "inspect_datasets"),
-    )
-    if FLAGS.mode == "inspect_params":
-        sys.stdout.write(root.to_text())
-        return 0
-    if FLAGS.mode == "inspect_datasets":
-        sys.stdout.write(inspect_datasets(root))
-        return 0
-    if FLAGS.mode == "stages":  # serves; it writes no logdir
-        from trainer.distributed import remote_stages
-
-        return remote_stages.serve(root, FLAGS.cluster_spec, FLAGS.task_index)
-    if not FLAGS.logdir:
+    preflight.check(root, build=mode.builds, report=mode.reports)
+    if mode.needs_logdir and not FLAGS.logdir:
         typo = FLAGS["log_dir"].present  # absl's own flag (its log files), silently taken otherwise
         hint = "; --log_dir is absl's directory for its log files: did you mean --logdir?" if typo else ""
         raise ConfigError(
             f"--logdir is required by --mode={FLAGS.mode} (a local path or a tf.io.gfile URI){hint}"
         )
-    if FLAGS.mode == "inspect_placement":
-        from trainer.pipeline_views import placement_grid
-
-        return placement_grid.run(root, FLAGS.logdir, log=print)
-    if FLAGS.mode == "profile_pipeline":
-        from trainer.pipeline_views import profiling
-
-        return profiling.run(root, FLAGS.logdir, log=print)
-    if FLAGS.mode == "mesh":
-        from trainer.distributed import mesh_cluster
-
-        return mesh_cluster.run(
-            root,
-            FLAGS.logdir,
-            FLAGS.cluster_spec,
-            FLAGS.task_index,
-            allow_params_change=FLAGS.allow_params_change,
-            cluster_wait_secs=FLAGS.cluster_wait_secs,
-        )
-    if FLAGS.mode in ("sync", "async"):
-        from trainer.distributed import jobs as cluster_jobs
-
-        flags_ = (FLAGS.mode, FLAGS.job, FLAGS.cluster_spec, FLAGS.task_index)
-        return cluster_jobs.run(
-            root,
-            FLAGS.logdir,
-            *flags_,
-            allow_params_change=FLAGS.allow_params_change,
-            cluster_wait_secs=FLAGS.cluster_wait_secs,
-        )
-    from trainer import launcher
-
-    done = preflight.finished(root, FLAGS.logdir, launcher.check_jobs(root, FLAGS.job))
-    if done:
-        print(done)
-        return 0
-    return launcher.run_jobs(
-        root,
-        FLAGS.logdir,
-        FLAGS.job,
-        allow_params_change=FLAGS.allow_params_change,
-        cluster_spec=FLAGS.cluster_spec,
-        cluster_wait_secs=FLAGS.cluster_wait_secs,
-    )
+    return mode.run(root)
 
 
 def _checkpoint_note() -> str:
     """How an interrupted run's line ends: its last checkpoint is intact, or none was saved yet."""
-    if not FLAGS.logdir or FLAGS.mode.startswith("inspect") or FLAGS.mode == "stages":
+    if not FLAGS.logdir or not MODES[FLAGS.mode].saves:
         return "; nothing was written"
     from trainer import checkpointer, files
 

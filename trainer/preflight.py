@@ -27,7 +27,7 @@ from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from tasks import learner
 from tasks.base_task import BaseTask
-from trainer import checkpointer, cluster, files, tracing
+from trainer import checkpointer, files, tf_settings, tracing
 
 SHOWN = 3  # keys named when several hold the refused value
 
@@ -44,7 +44,7 @@ def check(root: Params, *, build: bool = True, report: bool = True) -> None:
         learner.validate(root.task.train)
         if not build:
             return
-        cluster.configure(root.cluster)
+        tf_settings.configure(root.cluster)
         for name in root.input.names():
             root.input.get(name).instantiate()
         with tf.device("/CPU:0"), contextlib.nullcontext() if report else _warnings_only():

@@ -226,12 +226,6 @@ class LocalParallelLayer(BaseLayer):
             return []
         return list(range(max(0, k - self._window + 1), k + 1))
 
-    def state_variables(self) -> list[tf.Variable]:
-        """The hand-off state (empty before the first pipelined training call)."""
-        if self._state is None:
-            return []
-        return [self._filled, *[v for slot in self._state for v in slot]]
-
     def partition_report(self) -> str:
         return self._report
 

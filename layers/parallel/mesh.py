@@ -168,13 +168,6 @@ class DeviceMesh:
         """A DVariable holding ``value`` in ``mapping``'s layout."""
         return dtensor.DVariable(self.to_layout(value, mapping), name=name, trainable=trainable)
 
-    def zeros_like_variable(self, var: tf.Variable, name: str) -> tf.Variable:
-        """A non-trainable zero DVariable in ``var``'s layout (an optimizer slot)."""
-        layout = dtensor.fetch_layout(var)
-        return dtensor.DVariable(
-            dtensor.call_with_layout(tf.zeros, layout, var.shape, var.dtype), name=name, trainable=False
-        )
-
     def shard(self, x: tf.Tensor, mapping: Sequence[str | None]) -> tf.Tensor:
         """Relayouts a DTensor activation to ``mapping`` (inside a DTensor function)."""
         return dtensor.relayout(x, self.layout(mapping))

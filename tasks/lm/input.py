@@ -306,7 +306,7 @@ class CorpusLmInput(BaseInput):
                 "labels": tf.concat([tokens, ends * EOS_ID], axis=1),
             }
 
-        # Sequential: the tokenizer holds a resource, and with op determinism on (cluster.configure)
+        # Sequential: the tokenizer holds a resource, and with op determinism on (tf_settings.configure)
         # tf.data would rewrite a parallel map of it into this anyway (warning about it on stderr).
         return ds.batch(size).map(encode)
 

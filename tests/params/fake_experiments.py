@@ -4,6 +4,8 @@ from params import registry
 from params.experiment import Experiment
 from params.hyperparams import InstantiableParams, Params
 
+CANARY = "tp_never_imported"  # a module that no test may import: tests/params/conftest.py's canary
+
 
 def _task(width: int, learning_rate: float) -> InstantiableParams:
     p = InstantiableParams(dict)

@@ -1,5 +1,6 @@
 """Class paths written before a module moved (tests/data/params_before_layout: params.txt files that
-the trainer wrote before issue 24's layout) read as the classes where they live today."""
+the trainer wrote before the modules moved under layers/parallel/) read as the classes where they
+live today."""
 
 from __future__ import annotations
 

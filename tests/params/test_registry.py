@@ -1,4 +1,7 @@
-"""Registry keys, duplicates, lookup by path and close-match errors."""
+"""Registry keys, duplicates, lookup by path and close-match errors; a model name imports nothing outside
+the experiment packages."""
+
+import sys
 
 import pytest
 
@@ -6,6 +9,7 @@ from params import registry
 from params.errors import ConfigError
 from params.experiment import Experiment
 from tests.params import fake_experiments
+from tests.params.fake_experiments import CANARY
 
 
 def test_key_rule_drops_tasks_and_params_packages():
@@ -49,3 +53,46 @@ def test_unknown_key_lists_closest_keys():
 
 def test_doc_line_is_first_docstring_line():
     assert registry.doc_line(fake_experiments.TinyExp) == "A tiny experiment whose knobs gin can bind."
+
+
+@pytest.mark.parametrize(
+    "model", [".x.Y", ".", "..", "a" * 5000 + ".B", "trainer.__main__.X", "os.path.join"]
+)
+def test_bad_model_keys_are_one_line(model):
+    with pytest.raises(ConfigError, match="unknown model") as e:
+        registry.get(model)
+    assert len(str(e.value)) < 400
+
+
+def test_model_names_import_only_from_experiment_packages(canary, tmp_path, monkeypatch):
+    """A full path outside tasks imports nothing; the documented opt-in makes it importable."""
+    with pytest.raises(ConfigError, match="--experiment_packages=tp_never_imported"):
+        registry.get(f"{CANARY}.Thing")
+    (tmp_path / "tp_optin_exps.py").write_text(
+        "from params.experiment import Experiment\nclass Exp(Experiment):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown model 'tp_optin_exps.Exp'"):
+        registry.get("tp_optin_exps.Exp")
+    assert "tp_optin_exps" not in sys.modules
+    monkeypatch.setenv(registry.PACKAGES_ENV, "tests,tp_optin_exps")
+    assert registry.get("tp_optin_exps.Exp").__module__ == "tp_optin_exps"
+    monkeypatch.delitem(sys.modules, "tp_optin_exps")
+
+
+def test_an_import_error_inside_a_user_module_is_reported_as_such(tmp_path, monkeypatch):
+    package = tmp_path / "user_exps_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "broken.py").write_text("import no_such_dependency_xyz\n")
+    (package / "typo.py").write_text("x = undefined_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(registry.PACKAGES_ENV, "tests,user_exps_pkg,not_a_pkg_xyz")  # the opt-in
+    with pytest.raises(
+        ConfigError, match="importing user_exps_pkg.broken failed: No module named 'no_such_dep"
+    ):
+        registry.get("user_exps_pkg.broken.MyExp")
+    with pytest.raises(ConfigError, match="importing user_exps_pkg.typo failed: NameError"):
+        registry.get("user_exps_pkg.typo.MyExp")
+    with pytest.raises(ConfigError, match="unknown model .*PYTHONPATH"):
+        registry.get("not_a_pkg_xyz.exps.MyExp")

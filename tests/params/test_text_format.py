@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from params import text_format
 from params.errors import ConfigError
-from params.hyperparams import Params
+from params.hyperparams import InstantiableParams, Params
 
 _names = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
 _scalars = st.one_of(
@@ -122,3 +122,12 @@ def test_parse_value_raises_config_error_never_a_warning(text, match):
         warnings.simplefilter("error")  # a DeprecationWarning would fail here instead
         with pytest.raises(ConfigError, match=match):
             text_format.parse_value(text)
+
+
+@pytest.mark.parametrize("text", ["type/tp_never_imported/Thing", "'tp_never_imported.Thing'"])
+def test_a_rejected_type_value_never_imports_its_module(canary, text):
+    p = InstantiableParams(dict)
+    with pytest.raises(ConfigError, match="was not imported"):
+        p.from_text(f"cls : {text}")
+    with pytest.raises(ValueError):
+        text_format.parse_value(f"[{text}]" if text.startswith("type/") else "type/tp_never_imported/X")

@@ -51,7 +51,8 @@ def test_one_f_one_b_memory_runs_both_schedules_and_reports_their_peaks(monkeypa
     (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert line["name"] == "one_f_one_b_memory" and line["micro_batches"] == 8 and line["value"] == 0.75
     assert line["one_f_one_b_peak_bytes"] == 3000 and line["fill_drain_peak_bytes"] == 4000
-    assert line["live_tensor_ratio"] == 0.75 and line["weight_bytes"] == 64 and line["loadavg_1m"] >= 0
+    assert line["live_tensor_ratio"] == 0.75 and line["weight_bytes"] == 64
+    assert isinstance(line["loadavg_1m"], float)
     assert line["loss"] == "in the last stage, per micro-batch" and line["remat"] == "never"
 
 
@@ -73,7 +74,7 @@ def test_quick_run_prints_one_json_line_per_figure():
     names = sorted(line["name"] for line in lines)
     assert names == ["memory", "overhead", "overhead"]
     for line in lines:
-        assert line["loadavg_1m"] >= 0
+        assert isinstance(line["loadavg_1m"], float)
     overheads = {line["path"]: line for line in lines if line["name"] == "overhead"}
     assert len(overheads) == 2  # against tf.recompute_grad, and against micro-batched summed gradients
     for overhead in overheads.values():

@@ -57,7 +57,7 @@ def test_the_independent_pairs_figure_sums_both_processes_rates():
     rates = [[50.0, 10.0, 12.0, 14.0], [70.0, 20.0, 22.0, 21.0]]
     figure = multiworker._figure("2 independent processes", rates, 1, 2)
     assert figure["per_process"] == [12.0, 21.0] and figure["examples_per_sec"] == 33.0
-    assert figure["rate_lines"] == 6 and figure["workers"] == 2 and figure["loadavg_1m"] >= 0
+    assert figure["rate_lines"] == 6 and figure["workers"] == 2 and isinstance(figure["loadavg_1m"], float)
     chief_only = multiworker._figure("2 sync workers", [[50.0, 30.0, 32.0], []], 1, 2)
     assert "per_process" not in chief_only and chief_only["examples_per_sec"] == 31.0
 
@@ -94,4 +94,4 @@ def test_a_round_prints_each_run_and_the_ratios():
     assert ratios["sync_over_one"] == pytest.approx(best["sync"] / best["one"], abs=1e-3)
     for left_out in ("sync1_over_one", "async_over_one", "independent_over_one", "sync_over_independent"):
         assert left_out not in ratios
-    assert all(run["loadavg_1m"] >= 0 for run in lines)
+    assert all(isinstance(run["loadavg_1m"], float) for run in lines)

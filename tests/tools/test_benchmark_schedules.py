@@ -163,7 +163,7 @@ def test_quick_run_prints_one_line_per_schedule():
     assert [line["schedule"] for line in lines] == [name for name, _ in schedules_benchmark.SCHEDULES]
     for line in lines:
         assert FIELDS <= set(line) and line["name"] == "schedule"
-        assert line["step_s"] > 0 and line["predicted_step_s"] > 0 and line["loadavg_1m"] >= 0
+        assert line["step_s"] > 0 and line["predicted_step_s"] > 0 and isinstance(line["loadavg_1m"], float)
         assert line["micro_batches"] == schedules_benchmark.QUICK_MICRO_BATCHES
         assert line["devices"] == "processes" and line["transfer_s"] >= 0
         per_device = line["peak_activation_bytes_per_device"]

@@ -95,3 +95,16 @@ def test_module_through_the_binary_from_the_users_directory(user_module):
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == [f"{name}.Registered", f"{name}.Unregistered"]
     assert "image.digits.ConvNet" not in result.stdout
+
+
+def test_list_models_doc_lines_are_whole_sentences():
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.list_models"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next(x for x in result.stdout.splitlines() if x.startswith("lm.synthetic.GPipeTransformerLM"))
+    assert line.rstrip().endswith("micro-batches per step."), line

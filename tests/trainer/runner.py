@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,3 +146,61 @@ def read_texts(directory: Path) -> dict[str, list[tuple[int, str]]]:
             if array.dtype == object:
                 out.setdefault(tag, []).append((event.step, array.item().decode()))
     return out
+
+
+def signalled(command: list[str], signum: int, after: float) -> subprocess.CompletedProcess:
+    """Runs ``command`` and sends ``signum`` ``after`` seconds after launch. A process the signal
+    stopped before its first Python instruction (status -signum, or Python's own "Fatal Python
+    error" or "Could not import runpy module": no program can answer that early, and on a loaded
+    machine the interpreter alone can take 0.2 s) is launched again, up to 5 times, then the test
+    is skipped."""
+    for _ in range(5):
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(after)
+            proc.send_signal(signum)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        python_stopped = "Fatal Python error" in err or "Could not import runpy module" in err
+        if proc.returncode != -signum and not python_stopped:
+            return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    pytest.skip(f"{command[2]}: the interpreter had not started {after} s after launch in 5 tries (load)")
+
+
+# Each signal a binary answers, its exit code and the words of its line.
+SIGNALS = [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+
+
+LINGVO_MODEL = "tests.trainer.lingvo_experiment.LingvoLinear"
+
+
+def lingvo_command(
+    logdir: Path, data_dir: Path, *flags: str, model: str = LINGVO_MODEL, datasets=("train", "dev", "test")
+) -> list[str]:
+    """The binary on an experiment of tests/trainer/lingvo_experiment.py (Lingvo's Task/Train/Dev/Test);
+    the data sets ``datasets`` read from ``data_dir``."""
+    data = "; ".join(f"input.{ds}.data_file : '{data_dir / f'{ds}.npz'}'" for ds in datasets)
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        f"--model={model}",
+        f"--logdir={logdir}",
+        f"--params_override={data}",
+        *flags,
+    ]
+
+
+def run_command(command: list[str]) -> subprocess.CompletedProcess:
+    """``command`` run to its end in the repository, output captured."""
+    return subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from params import experiment
 from params.errors import ConfigError
 from tests.trainer import runner
+from tests.trainer.conftest import FINISHED, copy_finished_run
 from trainer import checkpointer
 from trainer.checkpoint_job import SharedTasks
 from trainer.decoder_job import Decoder
@@ -137,3 +139,17 @@ def test_jobs_with_equal_task_params_share_one_task_and_its_traces(trained, data
     )
     assert other.task is not jobs[0].task
     other.close()
+
+
+@pytest.mark.slow
+def test_truncated_checkpoint_under_an_evaler_is_one_line(tmp_path, finished_run):
+    logdir, data_dir = copy_finished_run(finished_run, tmp_path)
+    shutil.rmtree(logdir / "eval_dev")  # as if no evaler_dev had run: it scores ckpt-10, then ckpt-20
+    data = next((logdir / "train").glob("ckpt-20.data-*"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    result = runner.run(logdir, data_dir, "--job=evaler_dev", override=FINISHED)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (line,) = runner.error_lines(result.stderr)
+    assert "ckpt-20 cannot be restored" in line
+    assert "eval_dev: step 10:" in result.stdout  # the good one before it was scored

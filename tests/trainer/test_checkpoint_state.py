@@ -3,11 +3,19 @@ an interrupted save's leftovers; what evalers say when retention got there first
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 
 from params import experiment
 from params.errors import UserError
 from tests.trainer import runner
+from tests.trainer.conftest import copy_finished_run
 from trainer import checkpointer
 from trainer.evaler_job import Evaler
 from trainer.train_job import TrainLoop
@@ -107,3 +115,73 @@ def test_evaler_names_the_checkpoints_retention_deleted_before_it_scored_them(tr
     assert fresh.run_pending() == 1
     assert any("steps 10, 20" in m for m in messages), messages
     fresh.close()
+
+
+def _ckpt_digests(train_dir):
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(train_dir.iterdir())
+        if p.name.startswith("ckpt-") and p.is_file()
+    }
+
+
+def _checkpoint_state_tool(logdir, *flags):
+    return subprocess.run(
+        [sys.executable, "-m", "tools.checkpoint_state", f"--logdir={logdir}", *flags],
+        cwd=runner.REPO,
+        env=runner._env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_damaged_or_missing_state_file_stops_and_the_rebuild_resumes(tmp_path, finished_run):
+    logdir, data_dir = copy_finished_run(finished_run, tmp_path)
+    train = logdir / "train"
+    state = train / "checkpoint"
+    params_before = (logdir / "params.txt").read_text()
+    for damage in ("garbage", "missing"):
+        if damage == "garbage":
+            state.write_bytes(b"model_checkpoint_path: \x00\xff{{ not a proto")
+        else:
+            state.unlink()
+        before = _ckpt_digests(train)
+        events_before = sorted(p.name for p in train.glob("events.*"))
+        result = runner.run(
+            logdir, data_dir, "--job=controller,trainer", override="task.train.max_steps : 50"
+        )
+        assert result.returncode == 1, result.stderr[-3000:]
+        (line,) = runner.error_lines(result.stderr)
+        assert "Traceback" not in result.stderr
+        assert (
+            str(train / "ckpt-20") in line and f"tools.checkpoint_state --logdir={logdir} --rebuild" in line
+        )
+        assert ("damaged" if damage == "garbage" else "is missing") in line
+        assert _ckpt_digests(train) == before  # every checkpoint's bytes unchanged
+        assert sorted(p.name for p in train.glob("events.*")) == events_before  # nothing written
+        assert (logdir / "params.txt").read_text() == params_before
+        assert not (train / "LOCK").exists()
+
+    # The LOCK of a live trainer keeps the rebuild (and an interrupted save's leftovers) untouched.
+    orphan = train / "ckpt-40_temp"
+    orphan.mkdir()
+    (orphan / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"partial")
+    (train / "ckpt-41_temp.keep").write_text("not an orphan save directory")
+    live = {"pid": os.getpid(), "host": socket.gethostname(), "start_time": None}
+    (train / "LOCK").write_text(json.dumps(live))
+    refused = _checkpoint_state_tool(logdir, "--rebuild")
+    assert refused.returncode == 1 and "another trainer" in refused.stderr
+    assert not state.exists()
+    (train / "LOCK").unlink()
+
+    rebuilt = _checkpoint_state_tool(logdir, "--rebuild")
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert f"latest {train / 'ckpt-20'}" in rebuilt.stdout
+    resumed = runner.run(logdir, data_dir, "--job=controller,trainer", override="task.train.max_steps : 50")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {train / 'ckpt-20'} at step 20" in resumed.stdout
+    assert f"removed {orphan}, left by a save that was interrupted" in resumed.stdout
+    assert not orphan.exists() and (train / "ckpt-41_temp.keep").exists()
+    assert runner.checkpoint_steps(logdir)[-1] == 50

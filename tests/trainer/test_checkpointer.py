@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from params.errors import UserError
+from tests.trainer import runner
 from trainer import checkpointer
 from trainer.checkpointer import Checkpointer
 
@@ -75,3 +79,81 @@ def test_restore_task_reports_a_deleted_checkpoint(tmp_path):
         f.unlink()
     with pytest.raises(checkpointer.CheckpointGoneError):
         checkpointer.restore_task(_State(), path)
+
+
+def _weights(path):
+    values = runner.read_checkpoint(str(path))
+    values.pop("save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+    return values
+
+
+def _mount_tmpfs(path, size: str) -> bool:
+    path.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    return result.returncode == 0
+
+
+@pytest.mark.slow
+def test_full_disk_keeps_the_last_checkpoint_and_the_rerun_works(tmp_path, data_dir):
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "16m"):
+        pytest.skip("cannot mount a tmpfs here (needs CAP_SYS_ADMIN)")
+    try:
+        logdir = disk / "run"
+        long_run = (
+            "task.train.max_steps : 100000000; task.train.save_interval_steps : 300; "
+            "task.train.summary_interval_steps : 50"
+        )
+        proc = runner.start(
+            logdir, data_dir, "--job=controller,trainer", override=long_run, log=tmp_path / "full.log"
+        )
+        runner.wait_for(lambda: runner.checkpoint_steps(logdir), what="a checkpoint", proc=proc)
+        filler = disk / "filler"
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=4k"], capture_output=True)
+        code, output = runner.finish(proc)
+        assert code == 1, output[-3000:]
+        assert "Traceback" not in output
+        (line,) = runner.error_lines(output)
+        assert "No space left on device" in line
+        kept = runner.checkpoint_steps(logdir)[-1]
+        weights = _weights(logdir / "train" / f"ckpt-{kept}")  # the last good checkpoint restores
+        assert int(weights["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == kept
+
+        filler.unlink()  # space is back
+        rerun = runner.run(
+            logdir, data_dir, "--job=controller,trainer", override=f"task.train.max_steps : {kept + 20}"
+        )
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert f"resumed from {logdir / 'train' / f'ckpt-{kept}'} at step {kept}" in rerun.stdout
+        assert runner.checkpoint_steps(logdir)[-1] == kept + 20
+        assert not list((logdir / "train").glob("*_temp"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_failed_save_leaves_no_temp_directory(tmp_path):
+    """A write the kernel refuses (the file size limit: EFBIG, as a full disk gives ENOSPC) during a
+    real save; the save's shards directory goes with it, the earlier checkpoint stays."""
+    import resource
+
+    import tensorflow as tf
+
+    from params.errors import UserError
+    from trainer import checkpointer
+
+    weights = tf.Variable(tf.zeros([256, 1024]))
+    saver = checkpointer.Checkpointer(str(tmp_path), 5, weights=weights)
+    saver.save(1)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(UserError, match="cannot save checkpoint ckpt-2: .*File too large"):
+            saver.save(2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert not list(tmp_path.glob("*_temp")), sorted(p.name for p in tmp_path.iterdir())
+    assert [step for step, _ in checkpointer.list_checkpoints(str(tmp_path))] == [1]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer import runner
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "--model=tests.params.fake_experiments.TinyExp"
 
@@ -102,3 +104,17 @@ def test_mode_help_describes_every_mode():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+@pytest.mark.slow
+def test_empty_job_names_are_refused(tmp_path, data_dir):
+    result = runner.run(tmp_path / "run", data_dir, "--job=,")
+    assert result.returncode == 2
+    (line,) = runner.error_lines(result.stderr)
+    assert "--job: empty job name" in line
+
+
+def test_log_dir_typo_is_named():
+    result = run_trainer("--model=image.digits.ConvNet", "--log_dir=runs/x")
+    assert result.returncode == 2
+    assert "did you mean --logdir?" in result.stderr.strip().splitlines()[-1]

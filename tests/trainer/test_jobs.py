@@ -119,3 +119,15 @@ def test_evaler_evaluates_each_checkpoint_exactly_once_across_restarts(tmp_path,
         assert result.returncode == 0, result.stderr[-3000:]
         assert [s["step"] for s in _scores(logdir, "eval_dev")] == [10, 20, 30, 40, 50, 60]
     assert len(runner.read_scalars(logdir / "eval_dev")["loss"]) == 6
+
+
+@pytest.mark.slow
+def test_a_run_with_no_trainer_and_no_checkpoint_exits_2_and_writes_nothing(tmp_path, data_dir):
+    logdir = tmp_path / "eval_only"
+    model = "tests.trainer.lingvo_experiment.LingvoEvalOnly"
+    result = runner.run_command(runner.lingvo_command(logdir, data_dir, model=model, datasets=("dev",)))
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("trainer: error: jobs evaler_dev, decoder_dev would wait forever:")
+    assert "has no 'train' data set, so no trainer will write one" in line
+    assert not logdir.exists()

@@ -80,7 +80,7 @@ def test_allow_params_change_turns_a_refusal_into_a_warning(logdir, data_dir):
 
 @pytest.mark.slow
 def test_allow_params_change_with_changed_shapes_is_refused_before_any_restore(logdir, data_dir):
-    """Every checkpoint of the logdir holds the old shapes: a new logdir is the way (issue 32, 3)."""
+    """Every checkpoint of the logdir holds the old shapes: a new logdir is the way."""
     before = {p: p.read_bytes() for p in logdir.rglob("*") if p.is_file()}
     result = runner.run(logdir, data_dir, "--allow_params_change", override="task.input_dim : 3")
     assert result.returncode == 2, result.stdout + result.stderr

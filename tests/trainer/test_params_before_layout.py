@@ -1,6 +1,6 @@
-"""A params.txt written before issue 24's layout (tests/data/params_before_layout: the trainer's own
-params.txt of image.digits.GPipeConvNet and lm.synthetic.LocalTransformerLM, 2 steps each, from the
-tree before the move) still loads and trains: its ``type/layers.gpipe/GPipeLayer`` and
+"""A params.txt written before the modules moved under layers/parallel/ (tests/data/params_before_layout: the
+trainer's own params.txt of image.digits.GPipeConvNet and lm.synthetic.LocalTransformerLM, 2 steps each,
+from the tree before the move) still loads and trains: its ``type/layers.gpipe/GPipeLayer`` and
 ``type/layers.local_parallel/...`` paths read through ``params.module_aliases``."""
 
 from __future__ import annotations

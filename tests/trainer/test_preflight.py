@@ -12,15 +12,16 @@ import pytest
 from params import experiment
 from params.errors import ConfigError
 from tests.trainer import runner
-from trainer import cluster, preflight
+from tests.trainer.conftest import FINISHED, copy_finished_run
+from trainer import preflight, tf_settings
 
 CONVNET = "image.digits.ConvNet"
 
 
 @pytest.fixture(autouse=True)
 def _no_device_settings(monkeypatch):
-    """The test process has its devices already; the check's cluster.configure is the binary's."""
-    monkeypatch.setattr(cluster, "configure", lambda *args, **kwargs: None)
+    """The test process has its devices already; the check's tf_settings.configure is the binary's."""
+    monkeypatch.setattr(tf_settings, "configure", lambda *args, **kwargs: None)
     yield
     gin.clear_config()
 
@@ -73,3 +74,20 @@ def test_a_refused_start_exits_2_and_leaves_no_file(tmp_path, flags):
     assert line.startswith("trainer: error: param 'task.body.sub[")
     assert result.stdout == ""
     assert not logdir.exists()
+
+
+def _tree(logdir):
+    return {str(p.relative_to(logdir)): p.stat().st_mtime_ns for p in sorted(logdir.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_a_finished_run_asked_again_says_so_and_writes_nothing(tmp_path, finished_run):
+    logdir, data_dir = copy_finished_run(finished_run, tmp_path)
+    before = _tree(logdir)
+    again = runner.run(logdir, data_dir, override=FINISHED)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == [
+        f"trainer: {logdir} holds a finished run (checkpoint at step 20, task.train.max_steps 20; every "
+        "job done): nothing to do, nothing written (raise task.train.max_steps to continue it)"
+    ]
+    assert _tree(logdir) == before  # no new events file, nothing touched

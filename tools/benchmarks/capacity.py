@@ -131,7 +131,7 @@ def resolve(spec: dict):
 def build_step(spec: dict):
     """The worker's ``TrainStep``, placed as its row says (TensorFlow set up first)."""
     from params import experiment
-    from trainer import cluster
+    from trainer import tf_settings
     from trainer.distributed import mesh_cluster
     from trainer.distributed.mesh_placement import make_train_step
     from trainer.train_step import TrainStep
@@ -142,15 +142,15 @@ def build_step(spec: dict):
         from trainer.distributed import remote_stages
 
         stages = remote_stages.stage_cluster(root.cluster, spec["cluster_spec"])
-        cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
+        tf_settings.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
         return TrainStep(task_params, root.input.train, remote_stages.placement(stages, log=lambda _: None))
     if spec["mode"] == "mesh":
         role = mesh_cluster.resolve_role(spec["cluster_spec"], spec["task_index"])
         per_process = mesh_cluster.devices_per_process(root.cluster, len(role.cluster["worker"]))
-        cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=per_process))
+        tf_settings.configure(root.cluster.copy().set(num_logical_cpu_devices=per_process))
         mesh = mesh_cluster.connect(role, root.cluster)
         return TrainStep(task_params, root.input.train, mesh_cluster.MeshAcrossProcesses(mesh, role))
-    cluster.configure(root.cluster)
+    tf_settings.configure(root.cluster)
     return make_train_step(root.cluster, task_params, root.input.train)
 
 

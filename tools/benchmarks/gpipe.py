@@ -174,7 +174,7 @@ def _cost_step(spec: dict, model: Any, x: Any, target: Any, head: Any) -> Any:
 
 def _task_step(spec: dict) -> tuple[Any, Any]:
     """The LM task's training step as the trainer compiles it (TrainStep: a while loop of steps,
-    op determinism on, like ``trainer.cluster.configure``)."""
+    op determinism on, like ``trainer.tf_settings.configure``)."""
     tf = harness.configure(spec)
     tf.config.experimental.enable_op_determinism()
     from tasks.lm.params.synthetic import GPipeTransformerLM

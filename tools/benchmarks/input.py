@@ -4,8 +4,8 @@ The sides, each the experiment's ``input.train`` (shuffled, repeated, batched, p
 after batch in this process, pinned to one core with one intra- and one inter-op thread, as a trainer
 of ``tools.benchmark multiworker`` runs: ``one``, the global batch (what a single trainer process
 reads); ``worker_elements``, worker 0 of ``--workers``, each example walking the pipeline (how a sync
-worker read its shard before in-memory inputs gathered rows); ``worker``, worker 0 of ``--workers``
-as the input reads it now (row numbers shuffled and sharded, rows gathered a batch at a time, for an
+worker reads an input without ``in_memory()``); ``worker``, worker 0 of ``--workers``
+as the input reads it (row numbers shuffled and sharded, rows gathered a batch at a time, for an
 input with ``in_memory()``; the same as ``worker_elements`` otherwise). The two worker sides yield the
 same batches; the benchmark checks that first. The sides take turns for ``--rounds`` rounds of
 ``--steps`` batches; each side's best round counts (load only ever adds time). Prints one JSON line

@@ -16,7 +16,7 @@ the sides with the same process settings share one worker. Figures:
 - speedup_vs_backprop: backprop step / local step (target 1.7);
 - speedup_vs_gpipe: gpipe step / local step (target 1.1);
 - overlap: the local step on one core (both devices, one thread) over the local step on two cores: how
-  much of the ideal 2 the two blocks' overlap gets on this machine now (for information; with
+  much of the ideal 2 the two blocks' overlap gets on this machine (for information; with
   ``local_work_ratio``, the local step over the backprop step, both on one core: the aux head's and
   hand-off's extra work);
 - memory_vs_gpipe: peak allocator bytes (BFC; the logical devices share it, so the process peak) of

@@ -71,13 +71,13 @@ def run_worker(spec: dict) -> int:
 
     from layers.base_layer import BaseLayer, FPropContext
     from layers.parallel import mesh as mesh_lib
-    from trainer.distributed.mesh_placement import MeshTrainStep
+    from trainer.distributed.mesh_placement import MeshPlacement
     from trainer.train_step import TrainStep
 
     exp = _experiment(spec)
     if spec["mesh"]:
         mesh = mesh_lib.create_mesh(spec["mesh"], ["data", "model"], RULES)
-        step = MeshTrainStep(mesh, exp.task(), exp.train())
+        step = TrainStep(exp.task(), exp.train(), MeshPlacement(mesh))
     else:
         mesh, step = None, TrainStep(exp.task(), exp.train())
 

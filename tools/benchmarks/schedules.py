@@ -65,7 +65,7 @@ its memory to another):
   TensorFlow processes, as on the logical side): the client serves stage 0 itself (on stage 0's core
   and threads) and times the unit costs too; its figures mean nothing.
 
-``--devices=logical`` (the set-up before: one process, K logical CPU devices sharing 2 cores):
+``--devices=logical`` (one process, K logical CPU devices sharing 2 cores):
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
 six pipelines' steps (2 cores: 1 intra-op thread, 2 inter-op threads, 2 logical CPU devices), the

@@ -15,7 +15,7 @@ For an experiment whose training input packs text (``CorpusLmInput``), prints JS
   compiled steps (``trainer.train_step.TrainStep``, ``--steps`` a call) run twice in alternating rounds:
   on the real input, and on one batch held in memory (the same model, no input work); the fraction is
   ``1 - compute / real`` of the best rounds (0 when input never delays a step). Threads: what
-  ``cluster.configure`` gives the trainer on this machine (``os.cpu_count()`` cores).
+  ``trainer.tf_settings.configure`` gives the trainer on this machine (``os.cpu_count()`` cores).
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ def _input_bound_fraction(root: Params, steps: int, rounds: int) -> tuple[float,
 
 
 def run(root: Params, model: str, steps: int, rounds: int) -> int:
-    from trainer import cluster
+    from trainer import tf_settings
 
-    cluster.configure(root.cluster)
+    tf_settings.configure(root.cluster)
     train = root.input.train
     load = lambda: round(os.getloadavg()[0], 2)  # noqa: E731
     base = {"benchmark": "input", "model": model}

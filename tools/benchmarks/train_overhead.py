@@ -83,10 +83,10 @@ def main(argv: list[str]) -> int:
 
     from absl import logging as absl_logging
 
-    from trainer import cluster
+    from trainer import tf_settings
     from trainer.train_job import TrainLoop
 
-    cluster.configure(root.cluster)
+    tf_settings.configure(root.cluster)
     absl_logging.set_verbosity(absl_logging.WARNING)
 
     def log(line: str) -> None:

@@ -18,7 +18,7 @@ from absl import logging as absl_logging
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import cluster, launcher
+from trainer import launcher, tf_settings
 from trainer.distributed import peers, roles, strategies
 from trainer.open_logdir import open_logdir
 from trainer.placement import Replicas
@@ -72,7 +72,9 @@ def run(
         )  # evalers/decoders: outside the cluster
     role = roles.resolve_role(mode, cluster_spec, lingvo_job(mode, jobs), task_index)
     # Before the strategy starts TensorFlow's runtime. Async trainers shuffle by their clock.
-    cluster.configure(root.cluster, deterministic=not (mode == roles.ASYNC and role.task_type == "worker"))
+    tf_settings.configure(
+        root.cluster, deterministic=not (mode == roles.ASYNC and role.task_type == "worker")
+    )
     if absl_logging.get_verbosity() == absl_logging.INFO:  # no INFO chatter per collective
         absl_logging.set_verbosity(absl_logging.WARNING)
     if "train" not in root.input.names():

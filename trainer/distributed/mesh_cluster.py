@@ -32,7 +32,7 @@ from tensorflow.experimental import dtensor
 from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import cluster, signals
+from trainer import signals, tf_settings
 from trainer.distributed import peers, roles
 from trainer.distributed.jobs import PEER_ERRORS, peer_failure
 from trainer.distributed.mesh_placement import MeshPlacement
@@ -171,7 +171,7 @@ def run(
     if "train" not in root.input.names():
         raise ConfigError("--mode=mesh: the experiment has no 'train' data set")
     per_process = devices_per_process(root.cluster, len(role.cluster["worker"]))
-    cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=per_process))
+    tf_settings.configure(root.cluster.copy().set(num_logical_cpu_devices=per_process))
     if absl_logging.get_verbosity() == absl_logging.INFO:
         absl_logging.set_verbosity(absl_logging.WARNING)
     chief = role.task_index == 0  # task 0 holds the LOCK and writes the logdir

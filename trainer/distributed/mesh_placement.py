@@ -90,11 +90,6 @@ def make_train_step(cluster: Params, task_params: Params, input_params: Params) 
     return TrainStep(task_params, input_params, placement_from_cluster(cluster, task_params))
 
 
-def MeshTrainStep(mesh: mesh_lib.DeviceMesh, task_params: Params, input_params: Params) -> TrainStep:  # noqa: N802
-    """The ``TrainStep`` over a DTensor mesh (the name of what was once a class of its own)."""
-    return TrainStep(task_params, input_params, MeshPlacement(mesh))
-
-
 def device_name(device: str) -> str:
     """A device's name as the trainer prints it: ``CPU:0`` for ``/job:localhost/.../device:CPU:0``."""
     return device.split("device:")[-1]
@@ -356,8 +351,3 @@ class MeshCheckpointer(Checkpointer):
     def save(self, step: int) -> str:
         self._placement.store_host(self._step)
         return super().save(step)
-
-
-def make_checkpointer(train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
-    """The checkpointer of a train step: the task, learner, global step and input position."""
-    return step.placement.checkpointer(train_dir, max_to_keep, step)

@@ -168,10 +168,9 @@ class RemoteStages(OnDevice):
         """OnDevice's loop of the traced step, kept only as TensorFlow's runtime function, and the
         step's own trace dropped: the trainer need not hold the Python graphs of the unrolled
         pipeline (every stage's forward, recompute and backward for every micro-batch; ~11 KiB a
-        node) while the runtime optimizes, partitions and runs it. Measured with gpipe_k4 at 8 x 128
-        (``tools.benchmark capacity``'s trial, before the step was traced once): the trainer's peak
-        went from 1617 to 1216 MiB. TF 2.21 still keeps the step's trace alive through its cond's
-        branch functions (holder not found): see docs/benchmark_results.md, capacity."""
+        node) while the runtime optimizes, partitions and runs it (with gpipe_k4 at 8 x 128, about
+        400 MiB of the trainer's peak: docs/benchmark_results.md, capacity). TF 2.21 keeps the
+        step's trace alive through its cond's branch functions (holder not found)."""
         loop = self.loop(step)
         with tracing.user_errors(), tf_compat.custom_gradients_released():
             run = tf_compat.without_graph(loop, tf.TensorSpec([], tf.int32))

@@ -37,7 +37,7 @@ from layers.parallel.pipeline import simulator
 from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
-from trainer import cluster, files
+from trainer import files, tf_settings
 from trainer.pipeline_views import picture as pipeline_picture
 from trainer.pipeline_views import trace as pipeline_trace
 from trainer.train_step import TrainStep
@@ -148,7 +148,7 @@ def measured_costs(evs: list[schedules.Event], num_stages: int) -> simulator.Sta
 
 def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
     """Profiles one step of ``root``'s experiment and writes the pictures; see the module doc."""
-    cluster.configure(root.cluster)
+    tf_settings.configure(root.cluster)
     step = TrainStep(root.task, root.input.train)
     pipelines = layers_of_type(step.task, GPipeLayer)
     if not pipelines:

@@ -122,12 +122,51 @@ def _first_fit(lengths, length, open_rows):
     return (*out, len(fill))
 
 
-def test_equal_lengths_placed_together_give_first_fit_one_at_a_time():
+def _packed_places(windows: list[list[int]], length: int, open_rows: int) -> list[tuple]:
+    """``pack_windows`` on windows of examples of these lengths (each window's longest non-empty), read
+    back from the packed rows: per window, each non-empty example's (row, start, segment number) and
+    the window's rows. Example i of window t has every token ``100 t + i + 1``."""
+
+    def padded():
+        for t, lengths in enumerate(windows):
+            ids = np.zeros([len(lengths), length], np.int32)
+            for i, size in enumerate(lengths):
+                ids[i, :size] = 100 * t + i + 1
+            yield {"ids": ids}, np.asarray(lengths, np.int32)
+
+    spec = ({"ids": tf.TensorSpec([None, length], tf.int32)}, tf.TensorSpec([None], tf.int32))
+    rows = packing.pack_windows(
+        tf.data.Dataset.from_generator(padded, output_signature=spec), ("ids",), length, open_rows
+    )
+    places = [{} for _ in windows]
+    first_row = [None] * len(windows)
+    for r, packed in enumerate(rows):
+        for pos, (token, seg) in enumerate(zip(packed["ids"].numpy(), packed["segment_ids"].numpy())):
+            if seg:
+                t, i = divmod(int(token) - 1, 100)
+                first_row[t] = r if first_row[t] is None else first_row[t]
+                places[t].setdefault(i, (r - first_row[t], pos, int(seg)))
+    out = []
+    for found in places:
+        row, start, seg = zip(*(found[i] for i in sorted(found)))
+        out.append((list(row), list(start), list(seg), max(row) + 1))
+    return out
+
+
+def test_a_window_packs_as_first_fit_decreasing_one_example_at_a_time():
+    """The packer places equal lengths together; the rows are those of plain first fit."""
     rng = np.random.default_rng(0)
-    for trial in range(40):
-        length, w = int(rng.integers(1, 40)), int(rng.integers(1, 60))
-        open_rows = int(rng.choice([1, 2, 3, 1024]))
-        low = 0 if trial % 3 == 0 else 1  # empty examples too
-        n = np.sort(rng.integers(low, length + 1, w))[::-1].astype(np.int32)
-        got = [np.asarray(x).tolist() for x in packing._assign_rows(tf.constant(n), length, open_rows)]
-        assert got == list(_first_fit(n.tolist(), length, open_rows)), (n.tolist(), length, open_rows)
+    length = 16
+    for open_rows in (1, 2, 3, 1024):
+        windows = []
+        for trial in range(10):
+            low = 0 if trial % 3 == 0 else 1  # empty examples too
+            n = np.sort(rng.integers(low, length + 1, int(rng.integers(1, 60))))[::-1].tolist()
+            n[0] = max(n[0], 1)
+            windows.append(n)
+        expected = []
+        for n in windows:
+            row, start, seg, rows = _first_fit(n, length, open_rows)
+            real = [i for i, size in enumerate(n) if size]
+            expected.append(([row[i] for i in real], [start[i] for i in real], [seg[i] for i in real], rows))
+        assert _packed_places(windows, length, open_rows) == expected, (windows, open_rows)

@@ -112,9 +112,8 @@ def restored_unpipelined(staged, directory: str, knobs: list[str]) -> dict[str, 
     unpipelined (``num_stages = 0``), matched by the variables' names: its weights by key."""
     from params import experiment
     from trainer import checkpointer
-    from trainer.distributed import mesh_placement
 
-    path = mesh_placement.make_checkpointer(directory, 1, staged).save(STEPS)
+    path = staged.placement.checkpointer(directory, 1, staged).save(STEPS)
     unpipelined = experiment.task_params_for(root("num_stages = 0", *knobs), "dev").instantiate()
     checkpointer.restore_task(unpipelined, path)
     return {key(v): v.numpy() for v in unpipelined.trainable_variables}

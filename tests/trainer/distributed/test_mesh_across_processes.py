@@ -18,7 +18,7 @@ from tests.trainer import cluster_runner
 from tests.trainer.cluster_runner import Procs
 from tools import local_cluster
 from trainer.checkpointer import Checkpointer
-from trainer.distributed.mesh_placement import MeshTrainStep, make_checkpointer
+from trainer.distributed.mesh_placement import MeshPlacement
 from trainer.train_step import TrainStep
 
 MODEL = "lm.synthetic.MeshTransformerLM"
@@ -169,14 +169,16 @@ def test_checkpoint_round_trip_across_placements(across, reference, tmp_path):
     # -> a mesh of another shape in one process (1 x 4 devices, [2, 2]): equal again.
     mesh_root = _root(2, 2, SECOND)
     mesh = mesh_lib.create_mesh([2, 2], ["data", "model"], mesh_root.cluster.layout_rules)
-    on_mesh = MeshTrainStep(mesh, experiment.task_params_for(mesh_root, "train"), mesh_root.input.train)
-    assert make_checkpointer(str(hop), 0, on_mesh).restore_latest()
+    on_mesh = TrainStep(
+        experiment.task_params_for(mesh_root, "train"), mesh_root.input.train, MeshPlacement(mesh)
+    )
+    assert on_mesh.placement.checkpointer(str(hop), 0, on_mesh).restore_latest()
     _assert_equal_states(_state(on_mesh), _state(plain))
     # -> back to 2 processes, on [2, 2] this time (the model axis within each process): resumed
     # from that checkpoint, its next steps end where the unsharded model's do.
     back = tmp_path / "back"
     (back / "train").mkdir(parents=True)
-    make_checkpointer(str(back / "train"), 0, on_mesh).save(FIRST)
+    on_mesh.placement.checkpointer(str(back / "train"), 0, on_mesh).save(FIRST)
     _run_two_processes(tmp_path, back, 2, 2, SECOND)
     plain.skip_to(FIRST)
     finite, _ = plain.run(SECOND - FIRST)

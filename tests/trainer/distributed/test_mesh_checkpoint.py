@@ -10,7 +10,7 @@ from layers.parallel import mesh as mesh_lib
 from tasks.lm.params.synthetic import MeshTransformerLM
 from trainer import checkpointer
 from trainer.checkpointer import Checkpointer
-from trainer.distributed.mesh_placement import MeshTrainStep, make_checkpointer
+from trainer.distributed.mesh_placement import MeshPlacement
 from trainer.train_step import TrainStep
 
 pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
@@ -34,7 +34,9 @@ def _step(shape):
     exp = _experiment()
     if shape is None:
         return TrainStep(exp.task(), exp.train())
-    return MeshTrainStep(mesh_lib.create_mesh(shape, ["data", "model"], RULES), exp.task(), exp.train())
+    return TrainStep(
+        exp.task(), exp.train(), MeshPlacement(mesh_lib.create_mesh(shape, ["data", "model"], RULES))
+    )
 
 
 def _value(var: tf.Variable) -> np.ndarray:
@@ -54,7 +56,7 @@ def _state(step) -> dict[str, np.ndarray]:
 
 
 def _checkpointer(directory, step) -> Checkpointer:
-    return make_checkpointer(str(directory), 0, step)
+    return step.placement.checkpointer(str(directory), 0, step)
 
 
 @pytest.fixture(scope="module")

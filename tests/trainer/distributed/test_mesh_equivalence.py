@@ -7,10 +7,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from layers.base_layer import FPropContext
 from layers.parallel import mesh as mesh_lib
 from tasks.lm.params.synthetic import MeshTransformerLM
-from trainer.distributed.mesh_placement import MeshTrainStep
+from trainer.distributed.mesh_placement import MeshPlacement
 from trainer.train_step import TrainStep
 
 pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
@@ -53,14 +52,7 @@ def reference():
     step = TrainStep(exp.task(), exp.train())
     batch = next(iter(exp.train().instantiate().dataset()))
 
-    @tf.function
-    def loss_and_grads(batch):
-        ctx = FPropContext(training=True, step=step.global_step.read_value(), seed=step._seed)
-        with tf.GradientTape() as tape:
-            loss = step.task.fprop(ctx, batch)["loss"][0]
-        return loss, tape.gradient(loss, step._variables)
-
-    loss, grads = loss_and_grads(batch)
+    loss, grads = step.loss_and_grads(batch)
     finite, _ = step.run(STEPS)
     assert bool(finite.numpy())
     return {
@@ -75,7 +67,7 @@ def reference():
 def test_sharded_lm_equals_unsharded(reference, shape):
     exp = _experiment()
     mesh = mesh_lib.create_mesh(shape, ["data", "model"], RULES)
-    step = MeshTrainStep(mesh, exp.task(), exp.train())
+    step = TrainStep(exp.task(), exp.train(), MeshPlacement(mesh))
     assert all(isinstance(v, dtensor.DVariable) for v in step.task.variables)
     # The weights really are split: the feed-forward hidden weight over 'model', and gradients come
     # back in the variables' layouts.
@@ -85,7 +77,7 @@ def test_sharded_lm_equals_unsharded(reference, shape):
 
     loss, grads = step.loss_and_grads(reference["batch"])
     assert abs(float(_value(loss)) - reference["loss"]) < 1e-5
-    for grad, ref_grad, var in zip(grads, reference["grads"], step._variables):
+    for grad, ref_grad, var in zip(grads, reference["grads"], step.task.trainable_variables):
         assert dtensor.fetch_layout(grad) == dtensor.fetch_layout(var), var.name
         np.testing.assert_allclose(_value(grad), ref_grad, atol=1e-5, err_msg=var.name)
         if ".b_k" in var.name:

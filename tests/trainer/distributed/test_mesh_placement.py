@@ -42,12 +42,13 @@ def test_bad_meshes_are_one_line_errors(changes, message):
 def test_a_pipeline_is_refused_on_a_mesh():
     from layers.parallel import mesh as mesh_lib
     from tasks.lm.params.synthetic import GPipeTransformerLM
-    from trainer.distributed.mesh_placement import MeshTrainStep
+    from trainer.distributed.mesh_placement import MeshPlacement
+    from trainer.train_step import TrainStep
 
     exp = GPipeTransformerLM(num_layers=2, model_dim=8, hidden_dim=16, batch_size=4, num_train_sequences=16)
     mesh = mesh_lib.create_mesh([2, 1], ["data", "model"], "batch:data")
     with pytest.raises(ConfigError) as info:
-        MeshTrainStep(mesh, exp.task(), exp.train())
+        TrainStep(exp.task(), exp.train(), MeshPlacement(mesh))
     assert str(info.value) == (
         "task TransformerLmTask: a GPipe pipeline cannot run on a device mesh (cluster.mesh_shape); "
         "use one or the other"

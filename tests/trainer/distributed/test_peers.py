@@ -1,4 +1,4 @@
-"""A cluster task whose peers never come (issue 32, 1): it says what it waits for, ends within 5 s of
+"""A cluster task whose peers never come: it says what it waits for, ends within 5 s of
 SIGTERM (143) or SIGINT (130) with one line, and gives up after --cluster_wait_secs naming the task.
 
 Three sync trainers (worker 0 of a two-worker cluster whose worker 1 never starts) run at once, so

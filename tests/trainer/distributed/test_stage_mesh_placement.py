@@ -64,7 +64,7 @@ def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
         return  # what follows reads the checkpoint, the same whatever the schedule
     # Its checkpoint (the plain format, through the plain-device mirror) restores into the export's
     # single-device task: pipeline x mesh -> one device, the same weights.
-    path = mesh_placement.make_checkpointer(str(tmp_path / "train"), 1, staged).save(STEPS)
+    path = staged.placement.checkpointer(str(tmp_path / "train"), 1, staged).save(STEPS)
     single = export.single_device(experiment.task_params_for(root(), "dev")).instantiate()
     checkpointer.restore_task(single, path)
     restored = {key(v): v.numpy() for v in single.trainable_variables}

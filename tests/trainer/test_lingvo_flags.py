@@ -1,22 +1,15 @@
-"""A Lingvo user's habits: their flags, their experiment classes, and what a run with nothing to do says.
+"""Lingvo's flags: pointers to their equivalents, and Lingvo's command line on a Lingvo-style experiment.
 
 The flag pointers run through the binary's own flag parser in this process (they stop it before absl
 parses anything); the runs go through the real binary on tests/trainer/lingvo_experiment.py."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
 
 from params.errors import ConfigError
-from tests.trainer.runner import REPO, _env
+from tests.trainer import runner
 from trainer import lingvo_flags
-
-MODEL = "tests.trainer.lingvo_experiment.LingvoLinear"
 
 
 @pytest.mark.parametrize(
@@ -65,21 +58,6 @@ def test_run_locally_is_the_one_process_mode():
 
 
 # ---------------------------------------------------------------------------------- the binary
-def _command(logdir, data_dir, *flags: str, model: str = MODEL, datasets=("train", "dev", "test")) -> list:
-    data = "; ".join(f"input.{ds}.data_file : '{data_dir / f'{ds}.npz'}'" for ds in datasets)
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        f"--model={model}",
-        f"--logdir={logdir}",
-        f"--params_override={data}",
-        *flags,
-    ]
-
-
-def _run(command: list) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +70,7 @@ def lingvo_run(tmp_path_factory, data_dir):
         "--logtostderr",
         "--job=controller,trainer_client,evaler_dev",
     )
-    return logdir, _run(_command(logdir, data_dir, *flags))
+    return logdir, runner.run_command(runner.lingvo_command(logdir, data_dir, *flags))
 
 
 @pytest.mark.slow
@@ -109,45 +87,7 @@ def test_a_lingvo_experiment_trains_with_lingvos_flags(lingvo_run):
 @pytest.mark.slow
 def test_an_evaler_on_a_finished_run_says_there_is_nothing_left_to_score(lingvo_run, data_dir):
     logdir, _ = lingvo_run
-    result = _run(_command(logdir, data_dir, "--job=evaler_dev"))
+    result = runner.run_command(runner.lingvo_command(logdir, data_dir, "--job=evaler_dev"))
     assert result.returncode == 0, result.stderr
     assert "holds a finished run (checkpoint at step 20" in result.stdout  # said before any job starts
     assert "every job done): nothing to do, nothing written" in result.stdout
-
-
-@pytest.mark.slow
-def test_a_run_with_no_trainer_and_no_checkpoint_exits_2_and_writes_nothing(tmp_path, data_dir):
-    logdir = tmp_path / "eval_only"
-    model = "tests.trainer.lingvo_experiment.LingvoEvalOnly"
-    result = _run(_command(logdir, data_dir, model=model, datasets=("dev",)))
-    assert result.returncode == 2, result.stdout + result.stderr
-    line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("trainer: error: jobs evaler_dev, decoder_dev would wait forever:")
-    assert "has no 'train' data set, so no trainer will write one" in line
-    assert not logdir.exists()
-
-
-@pytest.mark.slow
-def test_ctrl_c_before_the_first_checkpoint_says_none_was_saved(tmp_path, data_dir):
-    logdir = tmp_path / "interrupted"
-    command = _command(logdir, data_dir)
-    command[5] += "; task.train.max_steps : 10000000; task.train.save_interval_steps : 10000000"
-    log = tmp_path / "out.txt"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 240
-            while "trainer: watch it with" not in log.read_text() and time.monotonic() < deadline:
-                assert proc.poll() is None, log.read_text()
-                time.sleep(0.1)
-            time.sleep(1.0)
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    text = log.read_text()
-    assert code == 130, text
-    assert "trainer: interrupted; no checkpoint was saved yet" in text, text
-    assert "intact" not in text and "Traceback" not in text
