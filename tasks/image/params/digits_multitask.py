@@ -105,9 +105,22 @@ class DigitsTwoHeads(MultiTaskExperiment):
     """The two digit tasks over one shared conv encoder, written the TensorPipe way; ExponentialScheduler
     from even odds towards the digit task (3:1)."""
 
-    def __init__(self, batch_size: int = 64, max_steps: int = 1500, **conv_net_knobs: int) -> None:
+    def __init__(
+        self,
+        num_layers: int = 2,
+        filters: int = 32,
+        hidden_dim: int = 128,
+        batch_size: int = 64,
+        max_steps: int = 1500,
+    ) -> None:
         self.batch_size = batch_size
-        self.conv_net = ConvNet(batch_size=batch_size, max_steps=max_steps, **conv_net_knobs)
+        self.conv_net = ConvNet(
+            num_layers=num_layers,
+            filters=filters,
+            hidden_dim=hidden_dim,
+            batch_size=batch_size,
+            max_steps=max_steps,
+        )
 
     def task(self) -> Params:
         p = MultiTaskModel.Params().set(name="digits_two_heads", share_layers=["body"])
