@@ -33,7 +33,7 @@ SHUFFLE_SEEDS = {"digit": 301, "parity": 302}  # the digit task reads as image.d
 
 def _task(conv_net: ConvNet, name: str) -> Params:
     """The conv net's task for ``name``: 10 digit classes, or 2 for the parity."""
-    p = conv_net.task()
+    p = ConvNet.task(conv_net)  # the conv net's own task, also for a subclass (DigitsParity)
     p.name = name
     p.softmax.num_classes = DigitsParityInput.NUM_CLASSES if name == "parity" else DigitsInput.NUM_CLASSES
     return p
