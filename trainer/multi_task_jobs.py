@@ -10,14 +10,18 @@ per task, each on the task's input of that data set, writing ``eval_<dataset>_<t
 run for it alone, and a trainer in this process trains it alone (every step, no scheduler). It picks
 jobs, as ``--job`` does, so it is not a setting of the run: params.txt stays that of the experiment,
 and evalers of each task can run as processes of their own beside one trainer.
+
+``check_placement``: an adaptive scheduler trains in one program only (one line otherwise).
 """
 
 from __future__ import annotations
 
 from params.errors import ConfigError
 from params.hyperparams import Params
-from tasks import multi_task
+from tasks import multi_task, task_scheduler
 from trainer.decoder_job import implements_decode
+from trainer.distributed.remote_stages import RemoteStages
+from trainer.placement import OnDevice
 
 
 def check_model_task_name(root: Params, model_task_name: str) -> None:
@@ -55,3 +59,20 @@ def for_training(task_params: Params, model_task_name: str) -> Params:
     p = task_params.copy()
     p.model_task_name = model_task_name
     return p.freeze()
+
+
+def check_placement(placement: object, task_params: Params) -> None:
+    """ConfigError when the trainer's placement cannot run the model's scheduler: an adaptive one keeps
+    scores that the forward pass updates, which only a placement in one program (this process's
+    devices, or stages on other processes) applies as it trains; replicas, parameter servers and
+    meshes would each keep their own or none."""
+    if not multi_task.is_multi_task(task_params) or task_params.model_task_name:
+        return
+    schedule = task_params.task_schedule
+    adaptive = schedule is not None and issubclass(schedule.cls, task_scheduler.AdaptiveScheduler)
+    if adaptive and type(placement) not in (OnDevice, RemoteStages):
+        raise ConfigError(
+            f"task.task_schedule: {schedule.cls.__name__} keeps scores the forward pass updates, which the "
+            f"{type(placement).__name__} placement does not apply; train this multi-task model in one "
+            "process (--mode=train), or use a ConstantScheduler or ExponentialScheduler"
+        )

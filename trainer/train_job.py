@@ -71,6 +71,7 @@ class TrainLoop:
             experiment.task_params_for(root, "train"), model_task_name
         )
         self.placement = placement or mesh_placement.placement_from_cluster(root.cluster, self.task_params)
+        multi_task_jobs.check_placement(self.placement, self.task_params)
         self.is_chief = self.placement.is_chief
         # Who saves: the writer, or every process where a save is collective (a mesh across processes).
         self._saves = self.is_chief or self.placement.saves_everywhere

@@ -126,3 +126,21 @@ def test_export_writes_a_signature_per_task(reference, tmp_path):
     images = tf.zeros([3, 8, 8, 1])
     assert loaded.signatures["parity"](images=images)["probabilities"].shape == (3, 2)
     assert loaded.signatures["digit"](images=images)["probabilities"].shape == (3, 10)
+
+
+def test_an_adaptive_scheduler_on_replicas_is_one_config_error():
+    from params import experiment
+    from trainer import multi_task_jobs
+    from trainer.placement import OnDevice, Replicas
+
+    root = experiment.resolve(MODEL, gin_bindings=["DigitsMultiTask.filters = 4"])
+    multi_task_jobs.check_placement(OnDevice(), root.task)
+    with pytest.raises(
+        ConfigError, match="SimpleAdaptiveScheduler keeps scores .* the Replicas placement"
+    ) as e:
+        multi_task_jobs.check_placement(object.__new__(Replicas), root.task)
+    assert "\n" not in str(e.value)
+    two_heads = experiment.resolve(
+        "image.digits_multitask.DigitsTwoHeads", gin_bindings=["DigitsTwoHeads.filters = 4"]
+    )
+    multi_task_jobs.check_placement(object.__new__(Replicas), two_heads.task)  # exponential: no state
