@@ -145,3 +145,24 @@ def test_the_draw_is_seeded_by_the_step():
 
     first = draws()
     assert first == draws() and 10 < sum(first) < 30
+
+
+def test_tasks_sharing_a_pipelined_encoder_train():
+    """GPipe inside the tasks' body (1F1B over two of the test session's logical devices), the
+    pipeline shared by both tasks: a step trains the drawn task's loss."""
+    from tasks.image.params.digits import GPipeConvNet
+    from trainer.train_step import TrainStep
+
+    root = _root("image.digits_multitask.DigitsTwoHeads", ["DigitsTwoHeads.filters = 4"])
+    pipelined = GPipeConvNet(filters=4, hidden_dim=8).task()
+    pipelined.body.sub[0].schedule = "one_f_one_b"
+    p = root.task.copy()
+    for name, classes in (("digit", 10), ("parity", 2)):
+        task = pipelined.copy()
+        task.softmax.num_classes = classes
+        p.task_params.set(**{name: task})
+    step = TrainStep(p.freeze(), root.input.train)
+    for _ in range(2):
+        finite, out = step.run(1)
+        name = ("digit", "parity")[int(out["task"]["task_schedule/task"])]
+        assert bool(finite) and float(out["task"]["loss"]) == float(out["task"][f"{name}/loss"])
