@@ -61,6 +61,16 @@ def test_every_task_is_evaluated_decoded_and_summarized(reference):
     assert set(train["task_schedule/task"].values()) == {0.0, 1.0}  # both tasks trained
 
 
+def test_a_rerun_of_the_finished_run_says_so(reference):
+    from params import experiment
+    from trainer import launcher, preflight
+
+    bindings = [f.split("=", 1)[1] for f in FLAGS if f.startswith("--gin_param=")]
+    override = next(f.split("=", 1)[1] for f in FLAGS if f.startswith("--params_override="))
+    root = experiment.resolve(MODEL, gin_bindings=bindings, params_override=override)
+    assert "holds a finished run" in preflight.finished(root, str(reference), launcher.check_jobs(root, []))
+
+
 @pytest.mark.slow
 def test_a_sigkilled_run_resumes_with_the_same_choices_and_weights(reference, tmp_path):
     logdir = tmp_path / "killed"
