@@ -311,6 +311,29 @@ class BaseLayer(tf.Module):
     def num_parameters(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.variables))
 
+    def __getattr__(self, name: str) -> Any:
+        """Only for names not found otherwise: a Lingvo layer method's name says what to use here."""
+        if name in LINGVO_LAYER_NAMES:
+            raise AttributeError(
+                f"{type(self).__name__} has no {name}: Lingvo's {name} is {LINGVO_LAYER_NAMES[name]} here "
+                "(or derive the layer from layers.lingvo_layer.LingvoLayer, which has Lingvo's names; "
+                "docs/lingvo.md)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+# Lingvo's layer methods -> this project's; a BaseLayer names the one to use (LingvoLayer implements them).
+LINGVO_LAYER_NAMES = {
+    "FProp": "fprop(ctx, *inputs), with the weights in self.vars",
+    "FPropDefaultTheta": "calling the layer: layer(ctx, *inputs)",
+    "theta": "self.vars (the layer's own weights; a child's are child.vars)",
+    "CreateVariable": "self.create_variable(name, weight_params(shape, init=weight_init_params(...)))",
+    "CreateChild": "self.create_child(name, params)",
+    "CreateChildren": "self.create_children(name, params_list)",
+    "_CreateLayerVariables": "create_variable calls in __init__",
+    "do_eval": "not ctx.training",
+}
+
 
 def layers_of_type(root: Any, cls: type) -> list:
     """Every layer of type ``cls`` under ``root`` (a layer, or a list of them), depth first."""

@@ -5,9 +5,11 @@ A Lingvo model class returns its task from ``Task()`` and one input per data set
 ``train()``, ``dev()``, ``test()``: ``port(cls)`` gives the class the lowercase method calling the
 capitalised one, so a class carried over from Lingvo (with its base class and registration changed)
 runs as written, and its data sets and job names (``evaler_dev``) are the lowercase ones, as Lingvo's
-job names are. What cannot be ported mechanically stops the class definition with one ConfigError line:
-a class that defines both ``Dev()`` and ``dev()``, a capitalised name this project's Experiment uses
-for something else, and Lingvo's multi-task ``Model()`` / ``ProgramSchedule()``.
+job names are. Lingvo's multi-task ``Model()`` is ``task()`` too, in a class derived from
+``tasks.multi_task.MultiTaskExperiment``. What cannot be ported mechanically stops the class definition
+with one ConfigError line: a class that defines both ``Dev()`` and ``dev()``, a capitalised name this
+project's Experiment uses for something else, ``Model()`` in a single-task experiment class, and
+``ProgramSchedule()``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from params.errors import ConfigError
 
 # Lingvo model-class methods with no counterpart here, and what to do instead.
 UNSUPPORTED = {
-    "Model": "multi-task models are not supported: return the one task's Params from Task() or task()",
     "ProgramSchedule": "the trainer's jobs (--job=controller,trainer / evaler_<dataset>) replace "
     "program schedules; remove it",
 }
@@ -40,7 +41,12 @@ def port(cls: type, reserved: set[str]) -> None:
         if name in UNSUPPORTED:
             reason = UNSUPPORTED[name]
             raise ConfigError(f"{where}.{name}(): Lingvo's {name}() has no counterpart here; {reason}")
-        target = "task" if name == "Task" else name.lower()
+        if name == "Model" and not getattr(cls, "MULTI_TASK", False):
+            raise ConfigError(
+                f"{where}.Model(): Lingvo's Model() makes a multi-task model; derive the class from "
+                "tasks.multi_task.MultiTaskExperiment (Lingvo's MultiTaskModelParams)"
+            )
+        target = "task" if name in ("Task", "Model") else name.lower()
         if target in vars(cls):
             raise ConfigError(
                 f"{where} defines both {name}() and {target}(): they are the same method here "

@@ -79,14 +79,17 @@ class CheckpointJob:
         dataset: str,
         log: Callable[[str], None] = print_line,
         shared: SharedTasks | None = None,
+        model_task: str = "",
     ) -> None:
+        """``model_task``: one task of a multi-task model (tasks/multi_task.py): the job runs that task
+        on its input of ``dataset``, in ``<kind>_<dataset>_<task>/`` (Lingvo's directory names)."""
         if dataset not in root.input.names() or dataset == "train":
             others = [n for n in root.input.names() if n != "train"]
             raise ConfigError(
                 f"job {self.kind}_{dataset}: no data set {dataset!r} to evaluate; the experiment has "
                 f"{', '.join(others) or 'none besides train'}"
             )
-        self.name = f"{self.kind}_{dataset}"
+        self.name = f"{self.kind}_{dataset}" + (f"_{model_task}" if model_task else "")
         self.dataset = dataset
         self.train_dir = files.join(logdir, "train")
         self.directory = files.join(logdir, self.name)
@@ -99,10 +102,12 @@ class CheckpointJob:
         if self.mode not in CHECKPOINT_CHOICES:
             raise ConfigError(f"task.eval.checkpoints: expected all or latest, got {self.mode!r}")
         self.poll_interval_seconds = float(self.task_params.eval.poll_interval_seconds)
-        self.samples_per_summary = int(self.task_params.get(f"{self.settings}.samples_per_summary"))
         self.shared = shared or SharedTasks()
-        self.task = self.shared.task(self.task_params)
+        self.task = self.model = self.shared.task(self.task_params)  # the model: what a checkpoint restores
         self.input = root.input.get(dataset).instantiate()
+        if model_task:  # the task's own layers (shared ones included), settings and input
+            self.task, self.input = self.model.get_task(model_task), self.input.task_input(model_task)
+        self.samples_per_summary = int(self.task.params.get(f"{self.settings}.samples_per_summary"))
         self._scores_path = files.join(self.directory, "scores.jsonl")
         self._records = files.read_jsonl(self._scores_path)
         self._skipped: set[int] = set()
@@ -158,7 +163,7 @@ class CheckpointJob:
         count = 0
         for step, path in self.pending():
             try:
-                self.shared.restore(self.task, path)
+                self.shared.restore(self.model, path)
             except checkpointer.CheckpointGoneError:
                 self._skipped.add(step)
                 self._log(f"{self.name}: skipped {path}: deleted (save_max_to_keep) before it was read")

@@ -30,6 +30,7 @@ from trainer.decoder_job import Decoder, implements_decode
 from trainer.distributed import peers as cluster_wait
 from trainer.distributed import remote_stages
 from trainer.evaler_job import Evaler
+from trainer.multi_task_jobs import check_model_task_name, model_tasks
 from trainer.open_logdir import OpenLogdir, open_logdir
 from trainer.progress import print_line
 from trainer.train_job import TrainLoop
@@ -77,13 +78,16 @@ def run_jobs(
     allow_params_change: bool = False,
     cluster_spec: str | None = None,
     cluster_wait_secs: float = cluster_wait.DEFAULT_WAIT_SECS,
+    model_task_name: str = "",
 ) -> int:
     """Runs the named jobs (empty: all, in this process) over ``logdir``; returns the exit status.
 
     The logdir is opened first (trainer/open_logdir.py: the params.txt guard, before anything is
     written; the LOCK when this process trains). ``cluster_spec``: where the stage tasks of
     ``cluster.stage_job`` are (trainer/distributed/remote_stages.py), waited for up to
-    ``cluster_wait_secs``."""
+    ``cluster_wait_secs``. ``model_task_name``: one task of a multi-task model
+    (trainer/multi_task_jobs.py)."""
+    check_model_task_name(root, model_task_name)
     tf_settings.configure(root.cluster)  # first: TensorFlow must not have initialized its devices yet
     if absl_logging.get_verbosity() == absl_logging.INFO:  # the default: no INFO chatter per checkpoint
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -101,7 +105,9 @@ def run_jobs(
     if trains and root.cluster.stage_job:
         stages = remote_stages.stage_cluster(root.cluster, cluster_spec, cluster_wait_secs)
     with open_logdir(root, logdir, trains=trains, allow_params_change=allow_params_change, log=log) as opened:
-        return _run_jobs(root, opened, names, log, wait=not no_trainer, stages=stages)
+        return _run_jobs(
+            root, opened, names, log, wait=not no_trainer, stages=stages, model_task=model_task_name
+        )
 
 
 def _run_jobs(
@@ -111,6 +117,7 @@ def _run_jobs(
     log: Callable[[str], None],
     wait: bool,
     stages: remote_stages.StageCluster | None = None,
+    model_task: str = "",
 ) -> int:
     logdir = opened.logdir
     log(f"trainer: {root.model}: jobs {', '.join(names)}; logdir {logdir}")
@@ -122,10 +129,12 @@ def _run_jobs(
     try:
         for name in names:
             kind, _, dataset = name.partition("_")
-            if kind in JOB_KINDS:
-                checkpoint_jobs.append(JOB_KINDS[kind](root, logdir, dataset, log=log, shared=shared))
+            for task in model_tasks(root, kind, model_task) if kind in JOB_KINDS else []:
+                checkpoint_jobs.append(
+                    JOB_KINDS[kind](root, logdir, dataset, log=log, shared=shared, model_task=task)
+                )
         if "trainer" in names:
-            _train(root, opened, checkpoint_jobs, log, placement)
+            _train(root, opened, checkpoint_jobs, log, placement, model_task)
         else:
             run_until_finished(checkpoint_jobs, log=log, wait=wait)
     finally:
@@ -140,6 +149,7 @@ def _train(
     checkpoint_jobs: list[CheckpointJob],
     log: Callable[[str], None],
     placement: remote_stages.RemoteStages | None = None,
+    model_task: str = "",
 ) -> None:
     def after_save(step: int) -> None:
         del step
@@ -148,7 +158,12 @@ def _train(
 
     after = after_save if checkpoint_jobs else None
     failures = remote_stages.stage_failures(placement.stages) if placement else contextlib.nullcontext()
-    with failures, TrainLoop(root, opened, log=log, after_save=after, placement=placement) as loop:
+    with (
+        failures,
+        TrainLoop(
+            root, opened, log=log, after_save=after, placement=placement, model_task_name=model_task
+        ) as loop,
+    ):
         after_save(loop.step)  # catch up on what an interrupted run left unprocessed
         step = loop.run()
     after_save(step)

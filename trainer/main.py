@@ -96,6 +96,7 @@ def _train(root: Params) -> int:
         allow_params_change=FLAGS.allow_params_change,
         cluster_spec=FLAGS.cluster_spec,
         cluster_wait_secs=FLAGS.cluster_wait_secs,
+        model_task_name=FLAGS.model_task_name,
     )
 
 
@@ -250,6 +251,12 @@ flags.DEFINE_bool(
     "Trust --gin_file/--gin_param as code: allow gin's import, include, @references, macros and "
     "scopes, which import and call arbitrary Python. Off: gin only sets experiment knobs to literals.",
 )
+flags.DEFINE_string(
+    "model_task_name",
+    "",
+    "Lingvo's flag, for a multi-task experiment: this process's evalers and decoders run for this task "
+    "alone, and its trainer trains it alone ('': every task; trainer/multi_task_jobs.py).",
+)
 
 
 HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull", "--helpxml")
@@ -315,6 +322,10 @@ def main(argv: list[str]) -> int:
         gpus = len(tf.config.list_physical_devices("GPU"))
         FLAGS.mode = lingvo_flags.local_mode(FLAGS.run_locally, FLAGS.mode, FLAGS.cluster_spec, gpus)
     root = resolve_params()
+    if FLAGS.model_task_name and FLAGS.mode != "train":
+        raise ConfigError(
+            f"--model_task_name picks one task's jobs with --mode=train, not --mode={FLAGS.mode}"
+        )
     from trainer import preflight  # imports TensorFlow: after tf_startup, as every job module
 
     mode = MODES[FLAGS.mode]

@@ -125,17 +125,21 @@ def finished(root: Params, logdir: str, jobs: list[str]) -> str | None:
     max_steps = int(root.task.train.max_steps)
     if not listed or listed[-1][0] < max_steps:
         return None
+    from trainer.multi_task_jobs import model_tasks  # a multi-task model's jobs write one directory per task
+
     for job in jobs:
         kind, _, dataset = job.partition("_")
         directory = {"evaler": "eval", "decoder": "decoder"}.get(kind)
         if directory is None:
             continue
-        try:
-            records = files.read_jsonl(files.join(logdir, f"{directory}_{dataset}", "scores.jsonl"))
-        except UserError:
-            return None
-        if not any(isinstance(r, dict) and r.get("step", -1) >= max_steps for r in records):
-            return None
+        for task in model_tasks(root, kind):
+            name = f"{directory}_{dataset}" + (f"_{task}" if task else "")
+            try:
+                records = files.read_jsonl(files.join(logdir, name, "scores.jsonl"))
+            except UserError:
+                return None
+            if not any(isinstance(r, dict) and r.get("step", -1) >= max_steps for r in records):
+                return None
     return (
         f"trainer: {logdir} holds a finished run (checkpoint at step {listed[-1][0]}, "
         f"task.train.max_steps {max_steps}; every job done): nothing to do, nothing written "

@@ -28,7 +28,7 @@ import tensorflow as tf
 from params import experiment
 from params.errors import UserError
 from params.hyperparams import Params
-from trainer import files, progress, signals
+from trainer import files, multi_task_jobs, progress, signals
 from trainer.checkpointer import Checkpointer
 from trainer.distributed import mesh_placement
 from trainer.open_logdir import OpenLogdir, open_logdir
@@ -52,12 +52,14 @@ class TrainLoop:
         log: Callable[[str], None] = print_line,
         after_save: Callable[[int], None] | None = None,
         placement: OnDevice | None = None,
+        model_task_name: str = "",
     ) -> None:
         """``logdir``: the logdir, opened by the caller (trainer/open_logdir.py; it holds the LOCK when
         this process writes), or a path this loop opens (and closes) itself. ``after_save(step)``
         runs after each checkpoint (the in-process evalers and decoders). ``placement``: where the
         step runs and whether this process writes (trainer/placement.py; None: the cluster's mesh,
-        or this process's device)."""
+        or this process's device). ``model_task_name``: train one task of a multi-task model alone
+        (trainer/multi_task_jobs.py)."""
         self.root = root
         self._owns_logdir = isinstance(logdir, str)
         self._opened = open_logdir(root, logdir, trains=True, log=log) if self._owns_logdir else logdir
@@ -65,8 +67,11 @@ class TrainLoop:
         self.train_dir = self._opened.train_dir
         self._log = log
         self._after_save = after_save
-        self.task_params = experiment.task_params_for(root, "train")
+        self.task_params = multi_task_jobs.for_training(
+            experiment.task_params_for(root, "train"), model_task_name
+        )
         self.placement = placement or mesh_placement.placement_from_cluster(root.cluster, self.task_params)
+        multi_task_jobs.check_placement(self.placement, self.task_params)
         self.is_chief = self.placement.is_chief
         # Who saves: the writer, or every process where a save is collective (a mesh across processes).
         self._saves = self.is_chief or self.placement.saves_everywhere

@@ -78,3 +78,13 @@ class DigitsInput(BaseInput):
     def in_memory(self) -> dict[str, np.ndarray]:
         images, labels = self.load()
         return {"image": images, "label": labels}
+
+
+class DigitsParityInput(DigitsInput):
+    """The digits of DigitsInput labelled by their parity: ``label`` 0 for an even digit, 1 for an odd one."""
+
+    NUM_CLASSES = 2
+
+    def in_memory(self) -> dict[str, np.ndarray]:
+        arrays = super().in_memory()
+        return {"image": arrays["image"], "label": arrays["label"] % 2}

@@ -66,7 +66,10 @@ def test_the_lowercase_contract_is_unchanged():
     [
         ("def Dev(self): return 1\n    def dev(self): return 2", "defines both Dev() and dev()"),
         ("def Task(self): return 1\n    def task(self): return 2", "defines both Task() and task()"),
-        ("def Model(self): return 1", "Lingvo's Model() has no counterpart here; multi-task"),
+        (
+            "def Model(self): return 1",
+            "Lingvo's Model() makes a multi-task model; derive the class from tasks.multi_task",
+        ),
         ("def ProgramSchedule(self): return 1", "program schedules"),
         ("def Cluster(self): return 1", "named 'cluster', which is the Experiment method"),
     ],
