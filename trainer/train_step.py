@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from layers import tf_compat
 from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
-from trainer import tf_compat, tracing
+from trainer import tracing
 from trainer.placement import OnDevice, StepOutputs
 
 # Names the trainer writes next to the task's metrics in train summaries.
@@ -110,7 +111,7 @@ class TrainStep:
         traced in (``OnDevice.compile``) loops this traced step rather than tracing it again: for a
         GPipe model, tracing is most of the time a trainer takes to start."""
         # The step takes its gradients inside: TensorFlow's registry of its custom gradients (a
-        # pipeline's) need not keep the trace alive once nothing else does (trainer/tf_compat.py).
+        # pipeline's) need not keep the trace alive once nothing else does (layers/tf_compat.py).
         with tracing.user_errors(), tf_compat.custom_gradients_released():
             args = self.placement.probe_args(self)
             if args:

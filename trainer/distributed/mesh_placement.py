@@ -26,12 +26,13 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from layers import tf_compat
 from layers.parallel import mesh as mesh_lib
 from layers.parallel.pipeline.gpipe import GPipeLayer, clear_stage_meshes, gpipe_params_in
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import checkpoint_names, tf_compat, tracing
+from trainer import checkpoint_names, tracing
 from trainer.checkpointer import Checkpointer
 from trainer.placement import OnDevice, StepOutputs
 from trainer.train_step import TrainStep

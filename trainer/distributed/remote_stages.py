@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from layers import tf_compat
 from layers.parallel import device_choice as pipeline_devices
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import tf_compat, tracing
+from trainer import tracing
 from trainer.distributed import peers, roles
 from trainer.placement import OnDevice, StepOutputs
 from trainer.progress import print_line
