@@ -34,7 +34,6 @@ from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from trainer import cluster, signals
 from trainer.distributed import peers, roles
-from trainer.distributed.jobs import PEER_ERRORS, peer_failure
 from trainer.distributed.mesh_placement import MeshPlacement
 from trainer.open_logdir import open_logdir
 from trainer.progress import print_line
@@ -190,8 +189,8 @@ def run(
         )
         with opened, TrainLoop(root, opened, log=log, placement=placement) as loop:
             step = loop.run()
-    except PEER_ERRORS as e:
-        raise UserError(peer_failure(role, e)) from None
+    except peers.PEER_ERRORS as e:
+        raise UserError(peers.peer_failure(role, e)) from None
     log(f"trainer: done at step {step}; logdir {logdir}")
     return 0
 

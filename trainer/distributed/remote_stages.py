@@ -284,11 +284,9 @@ def stage_failure(stages: StageCluster, error: Exception) -> str:
 def stage_failures(stages: StageCluster) -> Iterator[None]:
     """TensorFlow's errors for a peer that went away (and any error while a stage task does not
     answer), as one UserError line naming the task."""
-    from trainer.distributed.jobs import PEER_ERRORS
-
     try:
         yield
-    except PEER_ERRORS as e:
+    except peers.PEER_ERRORS as e:
         raise UserError(stage_failure(stages, e)) from None
     except UserError as e:  # e.g. a save that failed: a stage task that went away is the reason
         if all(peers.answering(a) for a in stages.addresses):
