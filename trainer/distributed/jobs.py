@@ -23,7 +23,7 @@ from trainer.distributed import peers, roles, strategies
 from trainer.open_logdir import open_logdir
 from trainer.placement import Replicas
 from trainer.progress import print_line
-from trainer.train_job import TrainLoop
+from trainer.train_job import run_trainer
 
 TRAINER_JOBS = ("controller", "trainer")
 
@@ -98,11 +98,9 @@ def _run_sync(
     )
     if role.is_chief:
         log(f"trainer: {role.num_workers} workers in sync; this is the chief ({role.name})")
-    with opened, TrainLoop(root, opened, log=log, placement=replicas) as loop:
-        step = loop.run()
-    strategies.barrier(strategy)  # nobody leaves before the chief saved (it leads the coordination)
-    if role.is_chief:
-        log(f"trainer: done at step {step}; logdir {logdir}")
+    with opened:
+        # The barrier: nobody leaves before the chief saved (it leads the coordination).
+        run_trainer(root, opened, replicas, log=log, then=lambda: strategies.barrier(strategy))
     return 0
 
 
