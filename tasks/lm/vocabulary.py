@@ -18,7 +18,6 @@ from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from tasks.lm.special_ids import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
-__all__ = ["BOS_ID", "EOS_ID", "NUM_SPECIAL", "PAD_ID", "SPECIAL_TOKENS", "UNK_ID", "Vocabulary"]
 LEVELS = ("word", "char")
 TYPES = ("built", "sentencepiece")
 
