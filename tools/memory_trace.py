@@ -82,7 +82,7 @@ def live_tensor_peak(run_step: Callable[[], object]) -> dict[str, int]:
 
 def _allocator_events(logdir: Path) -> list[tuple[int, str, dict]]:
     """The allocation and deallocation events of the profiles under ``logdir``, in time order."""
-    from trainer import tf_compat
+    from layers import tf_compat
 
     planes = [
         plane

@@ -12,14 +12,13 @@ line: the model's path, its pieces and the average pieces per line of the input.
 
 from __future__ import annotations
 
-import io
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-from params.errors import ConfigError, UserError  # noqa: E402
+from params.errors import ConfigError  # noqa: E402
 from tools import cli  # noqa: E402
 from trainer import tf_startup  # noqa: E402
 
@@ -42,47 +41,10 @@ def define_flags() -> None:
     )
 
 
-def train(
-    files: list[str],
-    vocab_size: int,
-    model_type: str = "unigram",
-    character_coverage: float = 1.0,
-    max_lines: int = 1_000_000,
-    normalization: str = "nmt_nfkc",
-) -> bytes:
-    """A serialized SentencePiece model trained on ``files`` with this project's special ids."""
-    import sentencepiece as spm
-
-    from tasks.readers import file_lines
-
-    if vocab_size <= 4:
-        raise ConfigError(f"--vocab_size must be > 4 (the special ids), got {vocab_size}")
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=file_lines(files),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=max_lines,
-            shuffle_input_sentence=True,
-            normalization_rule_name=normalization,
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
-            unk_id=3,
-            minloglevel=2,
-        )
-    except RuntimeError as e:  # e.g. "Vocabulary size too high (N). Please set it to a value <= M."
-        raise UserError(str(e).split("] ", 1)[-1]) from None
-    return model.getvalue()
-
-
 def main(argv: list[str]) -> int:
     tf = tf_startup.import_tensorflow()  # without TensorFlow's start-up lines on stderr
 
-    from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary
+    from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary, train_model
     from tasks.readers import file_lines, list_files
 
     if len(argv) > 1:
@@ -90,7 +52,7 @@ def main(argv: list[str]) -> int:
     if not FLAGS.input or not FLAGS.output:
         raise ConfigError("--input (text files) and --output (the .model file) are required")
     files = list_files(FLAGS.input, "--input")
-    model = train(
+    model = train_model(
         files,
         FLAGS.vocab_size,
         FLAGS.model_type,

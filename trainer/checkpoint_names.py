@@ -39,8 +39,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from layers import tf_compat
 from tasks import optimizers
-from trainer import tf_compat
 
 TASK = "task"  # the name of the task in the trainer's checkpoints (tf.train.Checkpoint(task=...))
 LEARNER = "learner"  # ... and of its learner, whose only variables are the optimizer's slots

@@ -26,8 +26,9 @@ from typing import Any
 import tensorflow as tf
 from google.protobuf import text_format as proto_text
 
+from layers import tf_compat
 from params.errors import UserError
-from trainer import checkpoint_names, files, tf_compat
+from trainer import checkpoint_names, files
 
 CHECKPOINT_NAME = "ckpt"
 STATE_FILE = "checkpoint"

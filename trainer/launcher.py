@@ -33,7 +33,7 @@ from trainer.evaler_job import Evaler
 from trainer.multi_task_jobs import check_model_task_name, model_tasks
 from trainer.open_logdir import OpenLogdir, open_logdir
 from trainer.progress import print_line
-from trainer.train_job import TrainLoop
+from trainer.train_job import run_trainer
 
 TRAIN_JOBS = ("controller", "trainer")
 JOB_KINDS: dict[str, type[CheckpointJob]] = {"evaler": Evaler, "decoder": Decoder}
@@ -156,15 +156,13 @@ def _train(
         for job in checkpoint_jobs:
             job.run_pending()
 
-    after = after_save if checkpoint_jobs else None
     failures = remote_stages.stage_failures(placement.stages) if placement else contextlib.nullcontext()
-    with (
-        failures,
-        TrainLoop(
-            root, opened, log=log, after_save=after, placement=placement, model_task_name=model_task
-        ) as loop,
-    ):
-        after_save(loop.step)  # catch up on what an interrupted run left unprocessed
-        step = loop.run()
-    after_save(step)
-    log(f"trainer: done at step {step}; logdir {opened.logdir}")
+    with failures:
+        run_trainer(
+            root,
+            opened,
+            placement,
+            log=log,
+            after_save=after_save if checkpoint_jobs else None,
+            model_task_name=model_task,
+        )

@@ -32,7 +32,7 @@ from trainer import files, multi_task_jobs, progress, signals
 from trainer.checkpointer import Checkpointer
 from trainer.distributed import mesh_placement
 from trainer.open_logdir import OpenLogdir, open_logdir
-from trainer.placement import OnDevice
+from trainer.placement import Placement
 from trainer.progress import print_line
 from trainer.summaries import SummaryWriter
 from trainer.train_step import TrainStep
@@ -51,7 +51,7 @@ class TrainLoop:
         *,
         log: Callable[[str], None] = print_line,
         after_save: Callable[[int], None] | None = None,
-        placement: OnDevice | None = None,
+        placement: Placement | None = None,
         model_task_name: str = "",
     ) -> None:
         """``logdir``: the logdir, opened by the caller (trainer/open_logdir.py; it holds the LOCK when
@@ -70,7 +70,9 @@ class TrainLoop:
         self.task_params = multi_task_jobs.for_training(
             experiment.task_params_for(root, "train"), model_task_name
         )
-        self.placement = placement or mesh_placement.placement_from_cluster(root.cluster, self.task_params)
+        self.placement: Placement = placement or mesh_placement.placement_from_cluster(
+            root.cluster, self.task_params
+        )
         multi_task_jobs.check_placement(self.placement, self.task_params)
         self.is_chief = self.placement.is_chief
         # Who saves: the writer, or every process where a save is collective (a mesh across processes).
@@ -102,18 +104,20 @@ class TrainLoop:
             self._writer = SummaryWriter(self.train_dir)
         self.step_fn = TrainStep(self.task_params, self.root.input.train, self.placement)
         self.checkpointer = self.placement.checkpointer(
-            self.train_dir, self.train.save_max_to_keep, self.step_fn
+            self.train_dir, self.train.save_max_to_keep, self.step_fn.state()
         )
         restored = self.checkpointer.restore_latest()
         self.step = int(self.step_fn.global_step.numpy())
-        if restored and self.placement.keeps_input_position and not self.checkpointer.restored_input_position:
-            self.step_fn.skip_to(
-                self.step
-            )  # saved without the input position (sync, a mesh across processes)
-        self.placement.restored(self.step_fn, self.step)
+        # The input at this step's batch: where the position is a function of the step (sync, a mesh
+        # across processes), or the checkpoint was saved without it (by one of those).
+        position_lost = (
+            restored and self.placement.keeps_input_position and not self.checkpointer.restored_input_position
+        )
+        if self.placement.skips_input_to_step or position_lost:
+            self.step_fn.skip_to(self.step)
         if not self.is_chief:
             return
-        line = self.placement.startup_line(self.step_fn)
+        line = self.placement.startup_line(self.step_fn.task, self.step_fn.functions)
         if line:
             self._log(line)
         if restored:
@@ -275,3 +279,34 @@ class _Rate:
 
     def pause(self, seconds: float) -> None:
         self._time += seconds
+
+
+def run_trainer(
+    root: Params,
+    opened: OpenLogdir,
+    placement: Placement | None = None,
+    *,
+    log: Callable[[str], None] = print_line,
+    after_save: Callable[[int], None] | None = None,
+    then: Callable[[], None] | None = None,
+    model_task_name: str = "",
+) -> int:
+    """Trains in this process to ``max_steps``: the one ``TrainLoop`` over ``opened`` (the logdir the
+    caller opened) with ``placement``; how every mode starts its trainer (trainer/launcher.py,
+    --mode=sync|async in distributed/jobs.py, --mode=mesh in distributed/mesh_cluster.py).
+    ``after_save(step)``: after each checkpoint, and also before the first step (what an interrupted
+    run left unprocessed) and at the end. ``then()``: once the loop is closed, before the last line
+    (a cluster's barrier). ``model_task_name``: train that task of a multi-task model alone.
+    Returns the step reached."""
+    with TrainLoop(
+        root, opened, log=log, after_save=after_save, placement=placement, model_task_name=model_task_name
+    ) as loop:
+        if after_save is not None:
+            after_save(loop.step)
+        step = loop.run()
+    if then is not None:
+        then()
+    if after_save is not None:
+        after_save(step)
+    log(f"trainer: done at step {step}; logdir {opened.logdir}")
+    return step

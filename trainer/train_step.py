@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from layers import tf_compat
 from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
-from trainer import tf_compat, tracing
-from trainer.placement import OnDevice, StepOutputs
+from trainer import tracing
+from trainer.placement import OnDevice, Placement, StepFunctions, StepOutputs, TrainState
 
 # Names the trainer writes next to the task's metrics in train summaries.
 RESERVED_SUMMARY_NAMES = ("steps_per_sec", "examples_per_sec")
@@ -34,8 +35,9 @@ class TrainStep:
     """The task, its learner, the global step and the train input iterator, and the compiled step,
     built and run where ``placement`` says (trainer/placement.py; default: the caller's device)."""
 
-    def __init__(self, task_params: Params, input_params: Params, placement: OnDevice | None = None) -> None:
-        self.placement = placement = placement or OnDevice()
+    def __init__(self, task_params: Params, input_params: Params, placement: Placement | None = None) -> None:
+        self.placement: Placement = placement or OnDevice()
+        placement = self.placement
         with placement.scope():
             self.task = placement.build_task(task_params)
             self.input = input_params.instantiate()
@@ -49,13 +51,27 @@ class TrainStep:
         self._seed = self.task.params.random_seed
         self._task_params = task_params
         self.traced_step, self.zero_outputs = self._trace_step()
-        self._run = placement.compile(self)
+        self.functions = StepFunctions(
+            run_steps=self.run_steps,
+            guarded_step=self.guarded_step,
+            zero_outputs=self.zero_outputs,
+            next_batch=self._next_batch,
+            dataset=self.input.dataset,
+            release_trace=self._release_trace,
+            step_graph=self.step_graph,
+            batch_size=self.batch_size,
+        )
+        self._run = placement.compile(self.functions)
         self._weights_finite = tracing.graph_function(self._all_finite)
         self._grads = tracing.graph_function(self._loss_and_grads)
 
     @property
     def batch_size(self) -> int:
         return int(self.input.params.batch_size)
+
+    def state(self) -> TrainState:
+        """What a checkpoint of this step holds (the input iterator as it is now)."""
+        return TrainState(self.task, self.learner, self.global_step, self.iterator)
 
     def skip_to(self, step: int) -> None:
         """Restarts the input at the batch of ``step`` (a resumed data-parallel worker, whose
@@ -110,11 +126,11 @@ class TrainStep:
         traced in (``OnDevice.compile``) loops this traced step rather than tracing it again: for a
         GPipe model, tracing is most of the time a trainer takes to start."""
         # The step takes its gradients inside: TensorFlow's registry of its custom gradients (a
-        # pipeline's) need not keep the trace alive once nothing else does (trainer/tf_compat.py).
+        # pipeline's) need not keep the trace alive once nothing else does (layers/tf_compat.py).
         with tracing.user_errors(), tf_compat.custom_gradients_released():
-            args = self.placement.probe_args(self)
-            if args:
-                traced = tracing.graph_function(self.guarded_step).get_concrete_function(*args)
+            if self.placement.traces_on_batch:  # a first batch of a pipeline of its own: the iterator stays
+                batch = self.placement.to_device(next(iter(self.input.dataset())))
+                traced = tracing.graph_function(self.guarded_step).get_concrete_function(batch)
             else:  # the iterator is an argument: the loop passes the one set when it is traced
                 traced = tracing.graph_function(self._step_on).get_concrete_function(self.iterator)
         spec = traced.structured_outputs[1]
@@ -133,6 +149,12 @@ class TrainStep:
         finite = tf.reduce_all(tf.math.is_finite(loss))
         learner_out = self.placement.update_if(finite, lambda guard: self._apply(grads, ctx, guard))
         return finite, {"task": values, "learner": learner_out}
+
+    def _next_batch(self) -> dict:
+        return next(self.iterator)
+
+    def _release_trace(self) -> None:
+        self.traced_step = None
 
     def _step_on(self, iterator: tf.data.Iterator) -> tuple[tf.Tensor, dict[str, dict[str, tf.Tensor]]]:
         return self.guarded_step(next(iterator))

@@ -280,7 +280,7 @@ def keep_all_reduces_apart() -> bool:
     stage 1, which must run before stage 1 sends back the gradient that stage 0's backward all-reduce
     of micro-batch 0 reduces. Merged into one all-reduce, each waits for the other: the step hung with
     every thread idle. The combiner is built into DTensor's pass pipeline once, when its device is
-    made, and only this environment variable (read by TensorFlow's C++; checked in trainer/tf_compat.py)
+    made, and only this environment variable (read by TensorFlow's C++; checked in layers/tf_compat.py)
     leaves it out. A single mesh loses only the merging of independent all-reduces. Called when this
     module is imported, so before any mesh of ``create_mesh`` makes the device; a script that makes
     DTensor's device itself before importing layers keeps the combiner."""

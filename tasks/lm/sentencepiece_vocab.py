@@ -1,12 +1,14 @@
 """A SentencePiece subword model as a ``Vocabulary``: the same ids in Python (``sentencepiece``) and in
-the graph (``tensorflow_text.SentencepieceTokenizer``, see ``tasks.lm.serving``).
+the graph (``tensorflow_text.SentencepieceTokenizer``, see ``tasks.lm.serving``); and the training of
+one (``train_model``: ``python -m tools.vocab``, and the bundled MT model, tasks/mt/corpus.py).
 
 A model is usable when it was trained with this project's special ids (``<pad>`` 0, ``<s>`` 1, ``</s>``
-2, ``<unk>`` 3; ``python -m tools.vocab`` does so) and its piece count equals ``vocab.size``.
+2, ``<unk>`` 3; ``train_model`` does so) and its piece count equals ``vocab.size``.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable
 
@@ -15,9 +17,43 @@ import tensorflow as tf
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from tasks.lm.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tasks.lm.special_ids import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
+from tasks.readers import file_lines
 
 SPECIAL_IDS = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
+
+
+def train_model(
+    files: list[str],
+    vocab_size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    max_lines: int = 1_000_000,
+    normalization: str = "nmt_nfkc",
+) -> bytes:
+    """A serialized SentencePiece model trained on ``files`` with this project's special ids."""
+    if vocab_size <= NUM_SPECIAL:
+        raise ConfigError(f"--vocab_size must be > {NUM_SPECIAL} (the special ids), got {vocab_size}")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=file_lines(files),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=max_lines,
+            shuffle_input_sentence=True,
+            normalization_rule_name=normalization,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            minloglevel=2,
+        )
+    except RuntimeError as e:  # e.g. "Vocabulary size too high (N). Please set it to a value <= M."
+        raise UserError(str(e).split("] ", 1)[-1]) from None
+    return model.getvalue()
 
 
 def read_model(path: str) -> bytes:

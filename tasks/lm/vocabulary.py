@@ -4,7 +4,7 @@ subword models (``vocab.type = 'sentencepiece'``, trained by ``python -m tools.v
 
 Ids 0..3 are always ``<pad>``, ``<s>`` (BOS), ``</s>`` (EOS) and ``<unk>``; real tokens follow (built
 vocabularies: most frequent first, ties broken alphabetically, so a file always gives the same
-vocabulary; SentencePiece models are trained with these four ids, see ``tools.vocab``).
+vocabulary; SentencePiece models are trained with these four ids: tasks/lm/special_ids.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import tensorflow as tf
 
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
+from tasks.lm.special_ids import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-NUM_SPECIAL = len(SPECIAL_TOKENS)
 LEVELS = ("word", "char")
 TYPES = ("built", "sentencepiece")
 

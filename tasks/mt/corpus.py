@@ -2,9 +2,10 @@
 their translation into a made-up language, generated from seeds.
 
 ``python -m tasks.mt.corpus`` rewrites ``tasks/mt/data/stories_{train,dev}.tsv``
-(``English<TAB>target`` lines) and the bundled SentencePiece model ``stories.model`` (``tools.vocab.train``:
-500 BPE pieces on both sides of the training pairs, a sentence a line, identity normalization so the
-file stays small); the same seeds give the same files byte for byte.
+(``English<TAB>target`` lines) and the bundled SentencePiece model ``stories.model``
+(``tasks.lm.sentencepiece_vocab.train_model``: 500 BPE pieces on both sides of the training pairs, a
+sentence a line, identity normalization so the file stays small); the same seeds give the same files
+byte for byte.
 
 The target language is a word-for-word lexicon (invented words, one per English word) with its own
 word order, so a model has to learn reordering as well as words: adjectives follow their noun and the
@@ -109,7 +110,7 @@ def write_corpus(directory: str = DATA) -> list[str]:
 
 def write_model(train_tsv: str, output: str, vocab_size: int = VOCAB_SIZE) -> str:
     """Trains the shared SentencePiece model on both sides of ``train_tsv`` (a sentence a line)."""
-    from tools import vocab
+    from tasks.lm.sentencepiece_vocab import train_model
 
     with open(train_tsv, encoding="utf-8") as f:
         sentences = [side for line in f for side in line.rstrip("\n").split("\t")]
@@ -117,7 +118,7 @@ def write_model(train_tsv: str, output: str, vocab_size: int = VOCAB_SIZE) -> st
         text = os.path.join(tmp, "sentences.txt")
         with open(text, "w", encoding="utf-8") as f:
             f.writelines(s + "\n" for s in sentences)
-        model = vocab.train([text], vocab_size, model_type="bpe", normalization="identity")
+        model = train_model([text], vocab_size, model_type="bpe", normalization="identity")
     with open(output, "wb") as f:
         f.write(model)
     return output

@@ -9,10 +9,9 @@ import sys
 import tensorflow as tf
 
 from tasks.lm import grammar
-from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary
+from tasks.lm.sentencepiece_vocab import SentencePieceVocabulary, train_model
 from tasks.lm.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tests.trainer.runner import REPO, _env
-from tools import vocab
 
 
 def _corpus(path, n=400):
@@ -46,7 +45,7 @@ def test_the_tools_model_round_trips_text(tmp_path):
 
 def test_bpe_round_trips_too_and_a_vocabulary_too_large_is_one_line(tmp_path):
     lines = _corpus(tmp_path / "b.txt")
-    model = SentencePieceVocabulary(vocab.train([str(tmp_path / "b.txt")], 80, "bpe"))
+    model = SentencePieceVocabulary(train_model([str(tmp_path / "b.txt")], 80, "bpe"))
     assert all(model.decode(model.encode(line)) == line for line in lines[:50])
     proc = _tool(
         "tools.vocab", f"--input={tmp_path}/b.txt", "--vocab_size=5000", f"--output={tmp_path}/x.model"

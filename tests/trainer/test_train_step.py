@@ -12,6 +12,7 @@ from params.errors import ConfigError
 from tasks.learner import Learner
 from tests.trainer import runner
 from tests.trainer.linear_experiment import LinearTask
+from trainer.placement import OnDevice, StepFunctions
 from trainer.train_step import TrainStep
 
 
@@ -56,6 +57,36 @@ def test_chunks_of_steps_equal_single_steps(data_dir):
     for name, value in expected.items():
         np.testing.assert_allclose(actual[name], value, rtol=0, atol=1e-6, err_msg=name)
     assert float(actual["task.moving_mean_y:0"]) != 0.0  # the batch statistic was applied
+
+    # A placement is any object with the Placement hooks: one that runs a compiled step per batch of
+    # the step's iterator, as a Python loop, trains the same.
+    one_by_one = TrainStep(task_params, input_params, _OneStepPerCall())
+    for chunk in (4, 5):
+        assert bool(one_by_one.run(chunk)[0].numpy())
+    for var in one_by_one.task.variables:
+        np.testing.assert_allclose(var.numpy(), expected[var.name], rtol=0, atol=1e-6, err_msg=var.name)
+
+
+class _OneStepPerCall:
+    """A Placement that is no OnDevice: its hooks are OnDevice's but ``compile``, which calls the
+    step's compiled ``guarded_step`` on each next batch (the mesh placements' loop)."""
+
+    def __init__(self) -> None:
+        self._defaults = OnDevice()
+
+    def __getattr__(self, name):
+        return getattr(self._defaults, name)
+
+    def compile(self, steps: StepFunctions):
+        compiled = tf.function(steps.guarded_step, autograph=False)
+
+        def run(num_steps):
+            finite, outputs = tf.constant(True), steps.zero_outputs
+            for _ in range(num_steps):
+                finite, outputs = compiled(steps.next_batch())
+            return finite, outputs
+
+        return run
 
 
 def test_a_nan_loss_stops_the_loop_before_its_update(data_dir):

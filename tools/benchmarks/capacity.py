@@ -17,7 +17,7 @@ pipeline (every stage's forward, recompute and backward for every micro-batch: 2
 layers), and its peak grows with the number of layers (measured: 1705 MiB at 8 x 128 here, above 2.6
 GiB at 16 x 128 with sequences of 512, while each stage process stayed under 0.9 GiB); deeper rungs
 would measure the trainer's graph, not where the model's memory lives. Since the trainer frees the
-Python graphs of its traces (``RemoteStages.compile``, trainer/tf_compat.py), its peak at 8 x 128 is
+Python graphs of its traces (``RemoteStages.compile``, layers/tf_compat.py), its peak at 8 x 128 is
 1216 MiB instead of 1617 (1424 instead of 1811 at 8 x 640; ``trial``, on the commit before the
 step was traced once; docs/benchmark_results.md has the figures since).
 The default budget (2000 MiB) leaves room above the ~0.85 GiB every TensorFlow process takes and

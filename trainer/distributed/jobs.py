@@ -6,14 +6,14 @@
   ``tf.distribute.Server`` until the controller is done or they are stopped.
 
 A peer that dies makes TensorFlow's collectives or coordination service fail on the others; that is
-turned into one line naming the cluster's peers, and a non-zero exit, within a bounded time.
+turned into one line naming the cluster's peers (peers.peer_failure), and a non-zero exit, within a
+bounded time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import tensorflow as tf
 from absl import logging as absl_logging
 
 from params.errors import ConfigError, UserError
@@ -23,18 +23,8 @@ from trainer.distributed import peers, roles, strategies
 from trainer.open_logdir import open_logdir
 from trainer.placement import Replicas
 from trainer.progress import print_line
-from trainer.train_job import TrainLoop
+from trainer.train_job import run_trainer
 
-# Errors with which TensorFlow reports a peer that went away (or never came).
-PEER_ERRORS = (
-    tf.errors.UnavailableError,
-    tf.errors.DeadlineExceededError,
-    tf.errors.AbortedError,
-    tf.errors.CancelledError,
-    tf.errors.InternalError,
-    tf.errors.UnknownError,
-    tf.errors.FailedPreconditionError,
-)
 TRAINER_JOBS = ("controller", "trainer")
 
 
@@ -85,23 +75,8 @@ def run(
         from trainer.distributed import parameter_servers
 
         return parameter_servers.run(root, logdir, role, log, allow_params_change, cluster_wait_secs)
-    except PEER_ERRORS as e:
-        raise UserError(peer_failure(role, e)) from None
-
-
-def peer_failure(role: roles.Role, error: Exception) -> str:
-    """One line: which process stopped, and which peers it was training with."""
-    others = ", ".join(
-        f"{t}:{i} ({a})"
-        for t, addresses in role.cluster.items()
-        for i, a in enumerate(addresses)
-        if (t, i) != (role.task_type, role.task_index)
-    )
-    reason = str(getattr(error, "message", error)).strip().splitlines()[0][:200]
-    return (
-        f"{role.name} stopped: a peer of the cluster failed or is unreachable (peers: {others}); "
-        f"{type(error).__name__}: {reason}. Start every process again to resume from the last checkpoint"
-    )
+    except peers.PEER_ERRORS as e:
+        raise UserError(peers.peer_failure(role, e)) from None
 
 
 def _run_sync(
@@ -125,11 +100,9 @@ def _run_sync(
     )
     if role.is_chief:
         log(f"trainer: {role.num_workers} workers in sync; this is the chief ({role.name})")
-    with opened, TrainLoop(root, opened, log=log, placement=replicas) as loop:
-        step = loop.run()
-    strategies.barrier(strategy)  # nobody leaves before the chief saved (it leads the coordination)
-    if role.is_chief:
-        log(f"trainer: done at step {step}; logdir {logdir}")
+    with opened:
+        # The barrier: nobody leaves before the chief saved (it leads the coordination).
+        run_trainer(root, opened, replicas, log=log, then=lambda: strategies.barrier(strategy))
     return 0
 
 

@@ -33,13 +33,13 @@ from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
 from trainer import signals, tf_settings
+from trainer.checkpointer import Checkpointer
 from trainer.distributed import peers, roles
-from trainer.distributed.jobs import PEER_ERRORS, peer_failure
 from trainer.distributed.mesh_placement import MeshPlacement
 from trainer.open_logdir import open_logdir
+from trainer.placement import TrainState
 from trainer.progress import print_line
-from trainer.train_job import TrainLoop
-from trainer.train_step import TrainStep
+from trainer.train_job import run_trainer
 
 MESH = "mesh"
 JOB_NAME = "worker"  # the TensorFlow job of every DTensor client
@@ -110,6 +110,7 @@ class MeshAcrossProcesses(MeshPlacement):
 
     steps_per_call = 20
     keeps_input_position = False
+    skips_input_to_step = True
     saves_everywhere = True
 
     def __init__(self, mesh: mesh_lib.DeviceMesh, role: roles.Role) -> None:
@@ -120,13 +121,10 @@ class MeshAcrossProcesses(MeshPlacement):
         self._sum = tf.function(tf.reduce_sum)
         self._stopped_by: list[int] = []
 
-    def restored(self, step: TrainStep, at_step: int) -> None:
-        step.skip_to(at_step)
-
-    def checkpointer(self, train_dir: str, max_to_keep: int, step: TrainStep):
+    def checkpointer(self, train_dir: str, max_to_keep: int, state: TrainState) -> Checkpointer:
         from trainer.distributed.mesh_sharded_checkpoint import ShardedCheckpointer
 
-        return ShardedCheckpointer(train_dir, max_to_keep, step, writes_state=self.is_chief)
+        return ShardedCheckpointer(train_dir, max_to_keep, state, writes_state=self.is_chief)
 
     def any_process(self, flag: bool) -> bool:
         """Whether ``flag`` is set on any process (one tiny all-reduce over the mesh; every process
@@ -188,11 +186,10 @@ def run(
         opened = open_logdir(
             root, logdir, trains=True, allow_params_change=allow_params_change, writes=chief, log=log
         )
-        with opened, TrainLoop(root, opened, log=log, placement=placement) as loop:
-            step = loop.run()
-    except PEER_ERRORS as e:
-        raise UserError(peer_failure(role, e)) from None
-    log(f"trainer: done at step {step}; logdir {logdir}")
+        with opened:
+            run_trainer(root, opened, placement, log=log)
+    except peers.PEER_ERRORS as e:
+        raise UserError(peers.peer_failure(role, e)) from None
     return 0
 
 

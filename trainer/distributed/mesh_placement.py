@@ -26,14 +26,15 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from layers import tf_compat
 from layers.parallel import mesh as mesh_lib
 from layers.parallel.pipeline.gpipe import GPipeLayer, clear_stage_meshes, gpipe_params_in
 from params.errors import ConfigError
 from params.hyperparams import Params
 from tasks.learner import Learner
-from trainer import checkpoint_names, tf_compat, tracing
+from trainer import checkpoint_names, tracing
 from trainer.checkpointer import Checkpointer
-from trainer.placement import OnDevice, StepOutputs
+from trainer.placement import OnDevice, Placement, StepFunctions, StepOutputs, TrainState
 from trainer.train_step import TrainStep
 
 
@@ -64,7 +65,7 @@ def without_stage_meshes(task_params: Params) -> Params:
     return p
 
 
-def placement_from_cluster(cluster: Params, task_params: Params | None = None) -> OnDevice:
+def placement_from_cluster(cluster: Params, task_params: Params | None = None) -> Placement:
     """A ``StageMeshPlacement`` when the task's GPipe stages carry meshes, a ``MeshPlacement`` when
     the cluster names a mesh, else the caller's device."""
     mesh = mesh_from_cluster(cluster)
@@ -130,6 +131,8 @@ class MeshPlacement(OnDevice):
     optimizer slots live on the mesh; each batch is copied onto the mesh eagerly, so ``run(n)`` is a
     Python loop of ``n`` compiled steps; gradients are laid out like their variables."""
 
+    traces_on_batch = True  # a DTensor function takes only DTensors: a first batch copied onto the mesh
+
     def __init__(self, mesh: mesh_lib.DeviceMesh) -> None:
         self.mesh = mesh
         self._batch_axis = mesh.rules.get("batch")
@@ -179,11 +182,6 @@ class MeshPlacement(OnDevice):
 
         return tf.nest.map_structure(one, batch)
 
-    def probe_args(self, step: TrainStep) -> tuple:
-        """A DTensor function takes only DTensors: the trace gets a first batch (from a pipeline of
-        its own, so the step's iterator does not move) copied onto the mesh."""
-        return (self.to_mesh(next(iter(step.input.dataset()))),)
-
     def host(self, x: Any) -> Any:
         """A replicated DTensor's value as a regular tensor (its first component)."""
         try:
@@ -191,18 +189,18 @@ class MeshPlacement(OnDevice):
         except (TypeError, ValueError, tf.errors.OpError):
             return x
 
-    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
+    def compile(self, steps: StepFunctions) -> Callable[[int], StepOutputs]:
         """Up to ``n`` compiled steps, one batch copied onto the mesh before each; stops at the first
         non-finite loss (that step changes nothing). Outputs are regular (host) tensors."""
-        compiled = tracing.graph_function(step.guarded_step)
+        compiled = tracing.graph_function(steps.guarded_step)
 
         def run(num_steps: int) -> StepOutputs:
-            finite, outputs = tf.constant(True), step.zero_outputs
+            finite, outputs = tf.constant(True), steps.zero_outputs
             # Without Grappler's memory heuristics: they misread a DTensor step's sharded weights
             # and print an ERROR line per split matmul (tf_compat.memory_heuristics_off).
             with tf_compat.memory_heuristics_off():
                 for _ in range(num_steps):
-                    finite, outputs = compiled(self.to_mesh(next(step.iterator)))
+                    finite, outputs = compiled(self.to_mesh(steps.next_batch()))
                     finite = self.host(finite)
                     if not bool(finite.numpy()):
                         break
@@ -210,11 +208,11 @@ class MeshPlacement(OnDevice):
 
         return run
 
-    def checkpointer(self, train_dir: str, max_to_keep: int, step: TrainStep) -> Checkpointer:
-        return MeshCheckpointer(train_dir, max_to_keep, step)
+    def checkpointer(self, train_dir: str, max_to_keep: int, state: TrainState) -> Checkpointer:
+        return MeshCheckpointer(train_dir, max_to_keep, state, self)
 
     # ------------------------------------------------------------------------- host mirror
-    def host_mirror(self, step: TrainStep) -> tuple[tf.Module, Learner, tf.Variable]:
+    def host_mirror(self) -> tuple[tf.Module, Learner, tf.Variable]:
         """(task, learner, global_step) built without a mesh: what a plain checkpoint holds."""
         if self._mirror is None:
             task = without_stage_meshes(self._task_params).instantiate()
@@ -224,25 +222,25 @@ class MeshPlacement(OnDevice):
             self._mirror = (task, learner, global_step)
         return self._mirror
 
-    def _pairs(self, step: TrainStep) -> list[tuple[tf.Variable, tf.Variable]]:
-        task, learner, global_step = self.host_mirror(step)
-        sharded = {v.name: v for v in step.task.variables}
+    def _pairs(self, state: TrainState) -> list[tuple[tf.Variable, tf.Variable]]:
+        task, learner, global_step = self.host_mirror()
+        sharded = {v.name: v for v in state.task.variables}
         pairs = [(sharded[v.name], v) for v in task.variables]
-        pairs += list(zip(step.learner.slot_variables(), learner.slot_variables()))
-        return pairs + [(step.global_step, global_step)]
+        pairs += list(zip(state.learner.slot_variables(), learner.slot_variables()))
+        return pairs + [(state.global_step, global_step)]
 
-    def store_host(self, step: TrainStep) -> None:
+    def store_host(self, state: TrainState) -> None:
         """Copies every DVariable's full value into the host mirror (before a save)."""
-        for dvar, host in self._pairs(step):
+        for dvar, host in self._pairs(state):
             layout = dtensor.fetch_layout(dvar)
             full = dtensor.relayout(
                 dvar.read_value(), dtensor.Layout.replicated(layout.mesh, dvar.shape.rank)
             )
             host.assign(dtensor.unpack(full)[0])
 
-    def load_host(self, step: TrainStep) -> None:
+    def load_host(self, state: TrainState) -> None:
         """Copies the host mirror into the DVariables, split by their layouts (after a restore)."""
-        for dvar, host in self._pairs(step):
+        for dvar, host in self._pairs(state):
             checkpoint_names.assign_whole(dvar, host.read_value())
 
 
@@ -288,14 +286,15 @@ class StageMeshPlacement(MeshPlacement):
     def home_scalar(self, x: Any) -> Any:
         return mesh_lib.scalar_on(x, self.home.mesh)
 
-    def startup_line(self, step: TrainStep) -> str:
+    def startup_line(self, task: tf.Module, steps: StepFunctions) -> str:
         """Per device: the bytes of the weights it holds (its slices), and an activation estimate:
         the pipeline inputs a stage keeps for its backward (one per micro-batch in flight, at most
         all of them under fill-drain), replicated on each of its devices (split over a data axis's
         replicas). Not counted: optimizer slots (Adam: twice the weights), activations inside a stage
         (recomputed in its backward)."""
-        slices = weight_slices(step.task.trainable_variables)
-        whole = sum(variable_bytes(v) for v in step.task.trainable_variables)
+        del steps
+        slices = weight_slices(task.trainable_variables)
+        whole = sum(variable_bytes(v) for v in task.trainable_variables)
         m_count, micro = self.pipeline.micro_batch_input_bytes or (0, 0)
         micro /= self.pipeline.stage_replicas
         devices = " ".join(
@@ -329,25 +328,25 @@ class StageMeshPlacement(MeshPlacement):
 class MeshCheckpointer(Checkpointer):
     """The ``Checkpointer`` of a step on a mesh, writing and reading the plain format (module doc)."""
 
-    def __init__(self, train_dir: str, max_to_keep: int, step: TrainStep) -> None:
-        self._placement: MeshPlacement = step.placement
-        task, learner, global_step = self._placement.host_mirror(step)
+    def __init__(self, train_dir: str, max_to_keep: int, state: TrainState, placement: MeshPlacement) -> None:
+        self._placement = placement
+        task, learner, global_step = placement.host_mirror()
         super().__init__(
             train_dir,
             max_to_keep,
             task=task,
             learner=learner,
             global_step=global_step,
-            iterator=step.iterator,
+            iterator=state.iterator,
         )
-        self._step = step
+        self._state = state
 
     def restore_latest(self) -> str | None:
         path = super().restore_latest()
         if path is not None:
-            self._placement.load_host(self._step)
+            self._placement.load_host(self._state)
         return path
 
     def save(self, step: int) -> str:
-        self._placement.store_host(self._step)
+        self._placement.store_host(self._state)
         return super().save(step)

@@ -22,15 +22,15 @@ import tensorflow as tf
 from params.errors import UserError
 from trainer import files
 from trainer.checkpointer import CHECKPOINT_NAME, Checkpointer
-from trainer.train_step import TrainStep
+from trainer.placement import TrainState
 
 
 class ShardedCheckpointer(Checkpointer):
     """The checkpointer of ``MeshAcrossProcesses`` (module doc)."""
 
-    def __init__(self, train_dir: str, max_to_keep: int, step: TrainStep, *, writes_state: bool) -> None:
+    def __init__(self, train_dir: str, max_to_keep: int, state: TrainState, *, writes_state: bool) -> None:
         super().__init__(
-            train_dir, max_to_keep, task=step.task, learner=step.learner, global_step=step.global_step
+            train_dir, max_to_keep, task=state.task, learner=state.learner, global_step=state.global_step
         )
         self._train_dir = train_dir
         self._writes_state = writes_state

@@ -29,9 +29,8 @@ from params.hyperparams import Params
 from trainer import tracing
 from trainer.distributed import peers, roles, strategies
 from trainer.open_logdir import open_logdir
-from trainer.placement import OnDevice, StepOutputs
-from trainer.train_job import TrainLoop
-from trainer.train_step import TrainStep
+from trainer.placement import OnDevice, StepFunctions, StepOutputs
+from trainer.train_job import run_trainer
 
 BATCH_SHUFFLE_BUFFER = 16  # batches each trainer shuffles, so trainers do not run the same ones
 
@@ -84,27 +83,26 @@ class ParameterServers(OnDevice):
     def scope(self):
         return self.strategy.scope()
 
-    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
-        input_ = step.input
+    def compile(self, steps: StepFunctions) -> Callable[[int], StepOutputs]:
 
         @tf.autograph.experimental.do_not_convert  # plain tf.data code; no AutoGraph warnings
         def dataset_fn() -> tf.data.Dataset:
             # Seeded by the trainer's clock when it builds its copy: a different order per trainer
             # (op determinism forbids unseeded shuffles; async training is not reproducible anyway).
             seed = tf.cast(tf.timestamp() * 1e6, tf.int64)
-            return input_.dataset().shuffle(BATCH_SHUFFLE_BUFFER, seed=seed)
+            return steps.dataset().shuffle(BATCH_SHUFFLE_BUFFER, seed=seed)
 
         iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 
         @tracing.graph_function
         def worker_step(iterator):
-            return self.strategy.run(step.guarded_step, args=(next(iterator),))
+            return self.strategy.run(steps.guarded_step, args=(next(iterator),))
 
         def run(num_steps: int) -> StepOutputs:
             results = [self.coordinator.schedule(worker_step, args=(iterator,)) for _ in range(num_steps)]
             self.coordinator.join()
             if not results:
-                return tf.constant(True), step.zero_outputs
+                return tf.constant(True), steps.zero_outputs
             fetched = [r.fetch() for r in results]
             finite = all(bool(f) for f, _ in fetched)
             return tf.constant(finite), tf.nest.map_structure(tf.constant, fetched[-1][1])
@@ -130,11 +128,9 @@ def control(
     once every trainer and ps answers (peers.py)."""
     peers.wait_for_peers(role, cluster_wait_secs)  # in Python: says what it waits for, signals work
     placement = ParameterServers(role)
-    opened = open_logdir(root, logdir, trains=True, allow_params_change=allow_params_change, log=log)
-    with opened, TrainLoop(root, opened, log=log, placement=placement) as loop:
+    with open_logdir(root, logdir, trains=True, allow_params_change=allow_params_change, log=log) as opened:
         log(
             f"trainer: async controller: {len(role.cluster['worker'])} trainers, {len(role.cluster['ps'])} ps"
         )
-        step = loop.run()
-    log(f"trainer: done at step {step}; logdir {logdir}")
+        run_trainer(root, opened, placement, log=log)
     return 0

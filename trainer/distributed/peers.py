@@ -12,6 +12,9 @@ gives up with one line naming the missing tasks.
 While it waits, this process answers at its own address (a Python listener on its port), so its
 peers, waiting the same way, see it; the listener is closed before TensorFlow's server takes the
 port. A peer that already went on answers with TensorFlow's server.
+
+A peer that dies later makes TensorFlow's collectives or coordination service fail on the others with
+one of ``PEER_ERRORS``; ``peer_failure`` turns that into one line naming the cluster's peers.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import tensorflow as tf
+
 from params.errors import UserError
 from trainer import signals
 from trainer.distributed import roles
@@ -32,6 +37,32 @@ from trainer.progress import print_line
 REPORT_SECS = 10.0  # how often a waiting process says what it waits for
 DEFAULT_WAIT_SECS = 600
 POLL_SECS = 0.25
+
+# Errors with which TensorFlow reports a peer that went away (or never came).
+PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.InternalError,
+    tf.errors.UnknownError,
+    tf.errors.FailedPreconditionError,
+)
+
+
+def peer_failure(role: roles.Role, error: Exception) -> str:
+    """One line: which process stopped, and which peers it was training with."""
+    others = ", ".join(
+        f"{t}:{i} ({a})"
+        for t, addresses in role.cluster.items()
+        for i, a in enumerate(addresses)
+        if (t, i) != (role.task_type, role.task_index)
+    )
+    reason = str(getattr(error, "message", error)).strip().splitlines()[0][:200]
+    return (
+        f"{role.name} stopped: a peer of the cluster failed or is unreachable (peers: {others}); "
+        f"{type(error).__name__}: {reason}. Start every process again to resume from the last checkpoint"
+    )
 
 
 def answering(address: str, timeout: float = 0.5) -> bool:

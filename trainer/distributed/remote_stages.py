@@ -32,20 +32,17 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from layers import tf_compat
 from layers.parallel import device_choice as pipeline_devices
 from params.errors import ConfigError, UserError
 from params.hyperparams import Params
-from trainer import tf_compat, tracing
+from trainer import tracing
 from trainer.distributed import peers, roles
-from trainer.placement import OnDevice, StepOutputs
+from trainer.placement import OnDevice, StepFunctions, StepOutputs, looped
 from trainer.progress import print_line
-
-if TYPE_CHECKING:
-    from trainer.train_step import TrainStep
 
 CLIENT = "trainer"  # how the client process is named in the bytes report
 LOCAL_CLIENT_JOB = "localhost"  # the client's job when --cluster_spec names no controller
@@ -146,7 +143,7 @@ def placement(stages: StageCluster, log: Callable[[str], None] = print_line) -> 
     tf.config.experimental_connect_to_cluster(
         tf.train.ClusterSpec(stages.spec), job_name=stages.client_job, make_master_device_default=False
     )
-    return RemoteStages(stages, log)
+    return RemoteStages(stages)
 
 
 class RemoteStages(OnDevice):
@@ -154,36 +151,36 @@ class RemoteStages(OnDevice):
     on its stage task. Everything else (the input, the parts outside the pipeline, the global step,
     the loop) stays in the trainer."""
 
-    def __init__(self, stages: StageCluster, log: Callable[[str], None] = print_line) -> None:
+    def __init__(self, stages: StageCluster) -> None:
         self.stages = stages
         self.name = f"trainer with stages on {stages.job}:0..{len(stages.addresses) - 1}"
-        self._log = log
 
     def build_task(self, task_params: Params) -> tf.Module:
         where = f"--cluster_spec's {self.stages.job} job"
         with pipeline_devices.parts_on(self.stages.devices, where):
             return task_params.instantiate()
 
-    def compile(self, step: TrainStep) -> Callable[[int], StepOutputs]:
+    def compile(self, steps: StepFunctions) -> Callable[[int], StepOutputs]:
         """OnDevice's loop of the traced step, kept only as TensorFlow's runtime function, and the
         step's own trace dropped: the trainer need not hold the Python graphs of the unrolled
         pipeline (every stage's forward, recompute and backward for every micro-batch; ~11 KiB a
         node) while the runtime optimizes, partitions and runs it (with gpipe_k4 at 8 x 128, about
         400 MiB of the trainer's peak: docs/benchmark_results.md, capacity). TF 2.21 keeps the
         step's trace alive through its cond's branch functions (holder not found)."""
-        loop = self.loop(step)
+        loop = looped(steps)
         with tracing.user_errors(), tf_compat.custom_gradients_released():
             run = tf_compat.without_graph(loop, tf.TensorSpec([], tf.int32))
             del loop
-            step.traced_step = None  # looped by ``run``, whose runtime copy is the only one kept
+            steps.release_trace()  # looped by ``run``, whose runtime copy is the only one kept
         return lambda n: run(tf.constant(n, tf.int32))
 
-    def restored(self, step: TrainStep, at_step: int) -> None:
-        del at_step
-        self._log(describe_bytes(network_bytes(step), step.batch_size))
+    def startup_line(self, task: tf.Module, steps: StepFunctions) -> str:
+        """The bytes one step sends between processes."""
+        del task
+        return describe_bytes(network_bytes(steps.step_graph), steps.batch_size)
 
 
-def network_bytes(step: TrainStep) -> dict[tuple[str, str], int]:
+def network_bytes(step_graph: Callable[[], tf.Graph]) -> dict[tuple[str, str], int]:
     """Bytes one training step sends from process to process: ``{(from, to): bytes}``, read from the
     traced step (forward, backward and update; each tensor counted once per process that reads it).
 
@@ -193,7 +190,7 @@ def network_bytes(step: TrainStep) -> dict[tuple[str, str], int]:
     The trace is freed before this returns (``custom_gradients_released``): kept, it would double the
     trainer's memory for the whole run."""
     with tf_compat.custom_gradients_released():
-        return _bytes_sent(step.step_graph())
+        return _bytes_sent(step_graph())
 
 
 def _bytes_sent(graph: tf.Graph) -> dict[tuple[str, str], int]:
@@ -282,11 +279,9 @@ def stage_failure(stages: StageCluster, error: Exception) -> str:
 def stage_failures(stages: StageCluster) -> Iterator[None]:
     """TensorFlow's errors for a peer that went away (and any error while a stage task does not
     answer), as one UserError line naming the task."""
-    from trainer.distributed.jobs import PEER_ERRORS
-
     try:
         yield
-    except PEER_ERRORS as e:
+    except peers.PEER_ERRORS as e:
         raise UserError(stage_failure(stages, e)) from None
     except UserError as e:  # e.g. a save that failed: a stage task that went away is the reason
         if all(peers.answering(a) for a in stages.addresses):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 
+from layers import tf_compat
 from params.errors import ConfigError
-from trainer import tf_compat
 from trainer.distributed.roles import Role
 
 

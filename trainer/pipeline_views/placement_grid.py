@@ -39,7 +39,7 @@ from params.hyperparams import Params
 from trainer import files
 from trainer.distributed import mesh_placement
 from trainer.pipeline_views import picture
-from trainer.placement import OnDevice
+from trainer.placement import Placement
 
 FILE_NAME = "placement.svg"
 
@@ -92,7 +92,7 @@ def build(root: Params) -> Grid:
     return grid_of(task, placement, str(root.model) if "model" in root else task_params.cls.__name__)
 
 
-def grid_of(task: tf.Module, placement: OnDevice, model: str) -> Grid:
+def grid_of(task: tf.Module, placement: Placement, model: str) -> Grid:
     """The grid of a built ``task`` under ``placement`` (module doc)."""
     variables = list(task.trainable_variables)
     slices = mesh_placement.weight_slices(variables)

@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from layers import tf_compat
 from layers.base_layer import layers_of_type
 from layers.parallel.pipeline import executor as stage_ops
 from layers.parallel.pipeline import schedule as schedules
@@ -50,8 +51,6 @@ _IGNORED_TYPES = {"ReadVariableOp", "_Send", "_Recv", "_HostSend", "_HostRecv", 
 
 def op_events(run: Callable[[], Any]) -> list[tuple[str, float, float]]:
     """Runs ``run`` once under the profiler; returns ``(op name, start s, end s)`` for every op."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(
             logdir, options=tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)
@@ -63,7 +62,7 @@ def op_events(run: Callable[[], Any]) -> list[tuple[str, float, float]]:
         planes = [
             plane
             for path in Path(logdir).rglob("*.xplane.pb")
-            for plane in xplane_pb2.XSpace.FromString(path.read_bytes()).planes
+            for plane in tf_compat.xspace_from_bytes(path.read_bytes()).planes
         ]
     out = []
     for plane in planes:

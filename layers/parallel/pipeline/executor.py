@@ -50,11 +50,11 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.eager import record  # private: listed and checked in trainer/tf_compat.py
 
 from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
 from layers.parallel.pipeline import schedule as schedules
+from layers.tf_compat import record  # a private TensorFlow module (layers/tf_compat.py)
 from params.errors import ConfigError
 
 Segment = Callable[[FPropContext, Any], Any]

@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
         line = {
             "schedule": schedule,
             "placement": type(staged.placement).__name__,
-            "startup_line": staged.placement.startup_line(staged),
+            "startup_line": staged.placement.startup_line(staged.task, staged.functions),
             "loss": loss,
             "plain_loss": plain_loss,
             "weight_difference": difference(staged, want),

@@ -31,7 +31,7 @@ def test_mesh_transformer_lm_trains_evaluates_and_decodes(tmp_path):
     result = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     # Grappler's memory heuristics misread the sharded weights and printed an ERROR line per split
-    # matmul (trainer/tf_compat.py, memory_heuristics_off); the mesh step runs without them.
+    # matmul (layers/tf_compat.py, memory_heuristics_off); the mesh step runs without them.
     output = (result.stdout + result.stderr).splitlines()
     noise = [line for line in output if "op_level_cost_estimator" in line]
     assert noise == [], f"{len(noise)} cost-model lines, e.g. {noise[0]}"

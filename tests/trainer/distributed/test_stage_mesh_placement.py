@@ -48,7 +48,7 @@ def test_stage_meshes_train_like_the_plain_model(schedule, tmp_path):
         v for v in staged.task.trainable_variables if "model" in dtensor.fetch_layout(v).sharding_specs
     ]
     assert len(sharded) >= 12, [v.name for v in sharded]
-    line = staged.placement.startup_line(staged)
+    line = staged.placement.startup_line(staged.task, staged.functions)
     assert "\n" not in line and line.startswith("trainer: pipeline 2 x mesh model=2: weight bytes per device")
     assert all(f"CPU:{d}=" in line for d in range(4)) and "<= 2 micro-batches x 2.2K" in line, (
         line

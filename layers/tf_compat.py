@@ -1,8 +1,14 @@
 """Every private TensorFlow name the project uses, in one place, each with why it is needed.
 
 Tried with TensorFlow 2.21 (``TRIED``). ``problems()`` checks that each name still exists and means
-what it meant; tests/trainer/test_tf_compat.py fails with its message when a TensorFlow upgrade
-changes one, so the fix is made here, not found as a traceback in a training run.
+what it meant; tests/layers/test_tf_compat.py fails with its message when a TensorFlow upgrade
+changes one, so the fix is made here, not found as a traceback in a training run. That test also
+parses every module of the packages: an import of a private TensorFlow module (``tensorflow.python``,
+``tensorflow.core``, ...) or a ``_name`` read on a TensorFlow object anywhere else fails it.
+
+It lives in ``layers``, the lowest package that needs a private name (the pipeline executor): imports
+flow one way (params <- layers <- tasks <- trainer <- tools), so from here every package that uses
+TensorFlow can reach it. Importing it imports no TensorFlow; each name is imported where it is used.
 
 - ``MultiWorkerMirroredStrategy.extended._num_devices_per_worker``: a sync worker must hold exactly one
   replica (the step's all-reduces are launched by the replica itself, see ``disable_merge_call``);
@@ -24,8 +30,8 @@ changes one, so the fix is made here, not found as a traceback in a training run
   the Grappler config of the functions called on this thread, so that a mesh step can be compiled
   without Grappler's memory heuristics (``memory_heuristics_off``); ``tf.config.optimizer`` has no
   switch for the memory optimizer.
-- ``tensorflow.python.eager.record.record_operation`` and ``VariableWatcher`` (used by
-  layers/parallel/pipeline/executor.py, the one private name under layers/): a GPipe pipeline whose
+- ``tensorflow.python.eager.record.record_operation`` and ``VariableWatcher`` (``record`` below, used
+  by layers/parallel/pipeline/executor.py): a GPipe pipeline whose
   stages sit on different DTensor meshes records its gradient function on the tape itself, since
   ``tf.custom_gradient`` joins inputs, outputs and variables in one ``IdentityN``, which DTensor
   refuses across meshes.
@@ -56,6 +62,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 TRIED = ("2.21",)  # TensorFlow versions these names were tried with
+
+
+def __getattr__(name: str) -> Any:
+    """``record``: TensorFlow's ``tensorflow.python.eager.record`` module (``from layers.tf_compat
+    import record``), imported on first use."""
+    if name == "record":
+        from tensorflow.python.eager import record
+
+        return record
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def num_devices_per_worker(strategy: Any) -> int:
@@ -206,7 +222,7 @@ def problems() -> list[str]:
     def fail(name: str, error: object) -> None:
         out.append(
             f"TensorFlow {tf.__version__} changed {name} (tried with {', '.join(TRIED)}): {error}; "
-            "update trainer/tf_compat.py"
+            "update layers/tf_compat.py"
         )
 
     try:
