@@ -54,6 +54,7 @@ from tensorflow.python.eager import record  # private: listed and checked in tra
 
 from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
+from layers.parallel.pipeline import memory
 from layers.parallel.pipeline import schedule as schedules
 from params.errors import ConfigError
 
@@ -444,7 +445,7 @@ class _Step:
         if s not in self.budgets:
             self.kept_bytes[s] = kept
             sizes = [self.kept_bytes.get(t) for t in range(self.sched.num_stages)]
-            self.budgets[s] = schedules.weight_budgets(self.sched, sizes)[s]
+            self.budgets[s] = memory.weight_budgets(self.sched, sizes)[s]
         return self.budgets[s]
 
     def _gradient_in(self, s: int, m: int) -> list[Any]:
@@ -835,7 +836,7 @@ def _choose_deferred(
     """Marks the stage's segments whose weight gradient W takes: ``deferred_segments`` within
     ``budget`` of what the forward keeps (``_segment_bytes``)."""
     kept, held = _segment_bytes(pieces, free)
-    count = schedules.deferred_segments(budget(kept), held)
+    count = memory.deferred_segments(budget(kept), held)
     for i, piece in enumerate(pieces):
         piece.deferred = i < count
 

@@ -116,12 +116,12 @@ def test_w_defers_only_the_first_segments_whose_reads_fit_what_the_forward_keeps
 
 
 def test_deferred_segments_counts_the_first_ones_within_the_budget():
-    from layers.parallel.pipeline import schedule
+    from layers.parallel.pipeline import memory
 
-    assert schedule.deferred_segments(5, [2, 2, 2, 2]) == 2
-    assert schedule.deferred_segments(5, [0, 2, 2, 2]) == 3  # no weights: nothing held
-    assert schedule.deferred_segments(1, [2, 2]) == 0  # I then takes every weight gradient (as B)
-    assert schedule.deferred_segments(5, [2, None, 2]) == 3  # a size unknown: the paper's split
+    assert memory.deferred_segments(5, [2, 2, 2, 2]) == 2
+    assert memory.deferred_segments(5, [0, 2, 2, 2]) == 3  # no weights: nothing held
+    assert memory.deferred_segments(1, [2, 2]) == 0  # I then takes every weight gradient (as B)
+    assert memory.deferred_segments(5, [2, None, 2]) == 3  # a size unknown: the paper's split
 
 
 BACKWARD_MEMORY_SCRIPT = """

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from layers import core
 from layers.base_layer import FPropContext
-from layers.parallel.pipeline import executor, gpipe
+from layers.parallel.pipeline import executor, gpipe, memory
 from layers.parallel.pipeline import schedule as schedules
 from params.errors import ConfigError
 from tests.layers.parallel.pipeline.gpipe_training import (
@@ -158,7 +158,7 @@ def test_each_stage_runs_its_work_in_the_schedules_order(k, m, remat, schedule):
     want = [[(op.kind, op.micro_batch) for op in order] for order in orders_wanted]
     assert orders == want
     if schedule == "one_f_one_b":
-        assert schedules.peak_in_flight(evs) == [min(k - s, m) for s in range(k)]
+        assert memory.peak_in_flight(evs) == [min(k - s, m) for s in range(k)]
 
 
 def test_in_step_weight_gradients_are_scaled_on_their_stages_devices():
