@@ -31,9 +31,9 @@ from typing import Any
 import tensorflow as tf
 
 from layers.base_layer import layers_of_type
-from layers.parallel.pipeline import executor as stage_ops
 from layers.parallel.pipeline import memory, simulator, timeline
 from layers.parallel.pipeline import schedule as schedules
+from layers.parallel.pipeline import segment as stage_segments
 from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
@@ -89,7 +89,7 @@ def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[timeline.Ev
     for name, start, end in ops:
         scope, _, op_type = name.rpartition(":")
         matches = list(_SCOPE.finditer(scope))
-        if not matches or op_type in _IGNORED_TYPES or stage_ops.SUMS_SCOPE in scope.split("/"):
+        if not matches or op_type in _IGNORED_TYPES or stage_segments.SUMS_SCOPE in scope.split("/"):
             continue
         match = matches[-1]  # the innermost: the tape nests a backward under its forward op's scope
         # A recompute's own gradient ops are named gradient_tape/stage_k_micro_batch_m_grad/recompute/.

@@ -170,3 +170,21 @@ def weight_budgets(schedule: Schedule, kept_bytes: Sequence[int | None]) -> list
             if weight_count:
                 budgets[s] = min(budgets[s], max(0, (peak - forward_count * kept) // weight_count))
     return budgets
+
+
+class StageBudgets:
+    """Per stage of ``schedule``, the budget from I to W (``weight_budgets``), fixed at the stage's
+    first forward: every earlier stage's size is known by then."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.kept: dict[int, int | None] = {}  # per stage, what its forward keeps of a micro-batch
+        self.budgets: dict[int, int | None] = {}  # per stage, what a micro-batch may hold from I to W
+
+    def budget(self, stage: int, kept: int | None) -> int | None:
+        """Stage ``stage``'s budget, given what its forward keeps (``kept``) when first asked."""
+        if stage not in self.budgets:
+            self.kept[stage] = kept
+            sizes = [self.kept.get(t) for t in range(self.schedule.num_stages)]
+            self.budgets[stage] = weight_budgets(self.schedule, sizes)[stage]
+        return self.budgets[stage]
