@@ -67,10 +67,12 @@ class Step:
 
     # The walk. Device d builds its units in its order, each once its inputs exist, and each unit's
     # ops wait for the end of d's previous unit, so the compiled step runs them in the schedule's
-    # order. 1F1B, K = 2, M = 3 (F forward, B backward; the number is the micro-batch):
+    # order. 1F1B, K = 2, M = 3, in unit time (F forward 1, B backward 2; the number is the
+    # micro-batch):
     #
-    #   device 0:  F0 F1 .. .. B0 F2 .. B1 .. B2
-    #   device 1:  .. F0 B0 F1 .. B1 F2 .. B2
+    #   time      0   1   2   3   4   5   6   7   8   9  10  11  12
+    #   device 0  |F0 |F1 |       |B0     |F2 |B1     |   |B2     |
+    #   device 1  |   |F0 |B0     |F1 |B1     |F2 |B2     |
     #
     # A unit's inputs:  F(s, m)         <- the outputs of F(s - 1, m), handed to s's device
     #                   R, B, I (s, m)  <- the input gradient of B or I (s + 1, m), handed back
