@@ -1,6 +1,7 @@
 """The GPipe pipeline, one mechanism per module.
 
 - gpipe.py: the layer (Params, the partition into stages, delegation to the modules below);
+  knobs.py: its Params fields and help text, and the stage-count checks;
 - schedule.py: schedules as data (Op, Schedule, the builders, each op's dependencies);
 - timeline.py: a schedule placed in time; memory.py: what it holds, and W's byte budgets;
 - microbatch.py: split into micro-batches and join, with or without a stage mesh's data axis;
