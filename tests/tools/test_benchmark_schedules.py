@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from layers.parallel.pipeline import schedule as schedules
+from layers.parallel.pipeline import timeline
 from tools import benchmark
 from tools.benchmarks import schedules as schedules_benchmark
 
@@ -29,10 +30,10 @@ def test_it_is_listed_and_its_helpers_are_not():
 
 def test_total_held_peak_sums_the_devices_at_one_instant():
     evs = [
-        schedules.Event(0, 1, 0, 0, schedules.FORWARD, 0),
-        schedules.Event(1, 2, 1, 0, schedules.FORWARD, 1),
-        schedules.Event(2, 4, 1, 0, schedules.BACKWARD, 1),
-        schedules.Event(4, 6, 0, 0, schedules.BACKWARD, 0),
+        timeline.Event(0, 1, 0, 0, schedules.FORWARD, 0),
+        timeline.Event(1, 2, 1, 0, schedules.FORWARD, 1),
+        timeline.Event(2, 4, 1, 0, schedules.BACKWARD, 1),
+        timeline.Event(4, 6, 0, 0, schedules.BACKWARD, 0),
     ]
     # Stage 0 holds 1 from 0 to 6, stage 1 holds 10 from 1 to 4: both at once from 1 to 4.
     assert schedules_benchmark._total_held_peak(evs, [1.0, 10.0]) == 11.0
@@ -67,10 +68,10 @@ def test_received_copies_are_held_from_their_arrival_to_their_use():
     the hand-off (not from its own forward's start), and the gradient for stage 0's output is held on
     device 0 from stage 1's backward's end plus the hand-off to the end of stage 0's backward."""
     evs = [
-        schedules.Event(0, 1, 0, 0, schedules.FORWARD, 0),
-        schedules.Event(2, 3, 1, 0, schedules.FORWARD, 1),
-        schedules.Event(3, 5, 1, 0, schedules.BACKWARD, 1),
-        schedules.Event(6, 8, 0, 0, schedules.BACKWARD, 0),
+        timeline.Event(0, 1, 0, 0, schedules.FORWARD, 0),
+        timeline.Event(2, 3, 1, 0, schedules.FORWARD, 1),
+        timeline.Event(3, 5, 1, 0, schedules.BACKWARD, 1),
+        timeline.Event(6, 8, 0, 0, schedules.BACKWARD, 0),
     ]
     changes = schedules_benchmark.received_held_changes(evs, 10.0, 0.5)
     assert changes == [[(5.5, 10.0), (8, -10.0)], [(1.5, 10.0), (2, -10.0)]]

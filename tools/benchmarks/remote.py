@@ -302,9 +302,9 @@ def process_cpu_seconds(pid: int) -> float:
 def _theory(schedule: str, k: int, m: int) -> float:
     """The schedule's speedup over one device in unit time (F = 1, B = 2 = I + W, no hand-off cost):
     fill-drain and 1F1B 2M/(M+K-1), ZB-H1 and ZB-H2 less (their bubble is (K-1)(F+I-W))."""
-    from layers.parallel.pipeline import schedule as schedules
+    from layers.parallel.pipeline import timeline
 
-    return k * m * 3 / schedules.step_time(schedules.events(schedule, k, m))
+    return k * m * 3 / timeline.step_time(timeline.events(schedule, k, m))
 
 
 def _speed(args: argparse.Namespace, cpus: list[int]) -> None:

@@ -369,10 +369,10 @@ def _total_held_peak(
     sums: list[float] | None = None,
 ) -> float:
     """The most bytes held at one instant, summed over the devices (they share one allocator)."""
-    from layers.parallel.pipeline import schedule as schedules
+    from layers.parallel.pipeline import memory
 
     changes = []
-    for row in schedules.held_over_time(events, weight, after_input, sums):
+    for row in memory.held_over_time(events, weight, after_input, sums):
         changes += _level_changes(row)
     return _peak_of(changes)
 
@@ -564,16 +564,17 @@ def layer_bytes(depth: int, rows: int, width: int, stage: int) -> tuple[int, lis
 
 def deferred_layers(name: str, depth: int, rows: int, width: int, micro_batches: int) -> list[int]:
     """Per stage, how many of its first layers leave their weight gradient to W under schedule
-    ``name`` at K=2 (the executor's rule: ``schedule.weight_budgets`` and ``deferred_segments``); I
+    ``name`` at K=2 (the executor's rule: ``memory.weight_budgets`` and ``deferred_segments``); I
     takes the others'. Schedules without W units: none."""
+    from layers.parallel.pipeline import memory
     from layers.parallel.pipeline import schedule as schedules
 
     if name not in schedules.SPLIT_BACKWARD:
         return [0] * NUM_DEVICES
     sizes = [layer_bytes(depth, rows, width, s) for s in range(NUM_DEVICES)]
     sched = schedules.build(name, NUM_DEVICES, micro_batches)
-    budgets = schedules.weight_budgets(sched, [kept for kept, _ in sizes])
-    return [schedules.deferred_segments(b, layers) for b, (_, layers) in zip(budgets, sizes)]
+    budgets = memory.weight_budgets(sched, [kept for kept, _ in sizes])
+    return [memory.deferred_segments(b, layers) for b, (_, layers) in zip(budgets, sizes)]
 
 
 def stage_weights(
@@ -644,11 +645,11 @@ def process_peaks(
 ) -> list[float]:
     """Per device, the most bytes held at once (``held_over_time`` with ``weights``: held, after I,
     sums) with the hand-offs' received copies (``received_held_changes``)."""
-    from layers.parallel.pipeline import schedule as schedules
+    from layers.parallel.pipeline import memory
 
     extra = received_held_changes(evs, boundary, transfer)
     out = []
-    for row, steps in enumerate(schedules.held_over_time(evs, *weights)):
+    for row, steps in enumerate(memory.held_over_time(evs, *weights)):
         received = list(extra[row]) if row < len(extra) else []
         out.append(_peak_of(received + _level_changes(steps)))
     return out
@@ -656,7 +657,7 @@ def process_peaks(
 
 def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """One figure per schedule (the fields of its JSON line, without the load average)."""
-    from layers.parallel.pipeline import simulator
+    from layers.parallel.pipeline import memory, simulator
 
     k, m = NUM_DEVICES, args.micro_batches
     times, peaks = measured["times"], measured["peaks"]
@@ -710,7 +711,7 @@ def figures(args: argparse.Namespace, measured: dict[str, Any]) -> list[dict[str
         else:
             peak = statistics.median(peaks[name]["held_bytes"])
             predicted_peak = _total_held_peak(prediction.events, *weights)
-            per_device = simulator.schedules.peak_held(prediction.events, *weights)
+            per_device = memory.peak_held(prediction.events, *weights)
             where = {}
         out.append(
             {

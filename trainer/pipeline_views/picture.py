@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from PIL import Image, ImageDraw, ImageFont
 
 from layers.parallel.pipeline import schedule as schedules
+from layers.parallel.pipeline import timeline
 
 COLORS = {
     schedules.FORWARD: (66, 133, 244),
@@ -27,7 +28,7 @@ _ROW, _GAP, _LEFT, _RIGHT, _TOP, _AXIS = 34, 8, 150, 24, 44, 54
 
 
 def draw_png(
-    events: Sequence[schedules.Event],
+    events: Sequence[timeline.Event],
     title: str,
     row_labels: Sequence[str] | None = None,
     width: int = 1200,

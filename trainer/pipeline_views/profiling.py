@@ -32,9 +32,9 @@ import tensorflow as tf
 
 from layers import tf_compat
 from layers.base_layer import layers_of_type
-from layers.parallel.pipeline import executor as stage_ops
+from layers.parallel.pipeline import memory, simulator, timeline
 from layers.parallel.pipeline import schedule as schedules
-from layers.parallel.pipeline import simulator
+from layers.parallel.pipeline import segment as stage_segments
 from layers.parallel.pipeline.gpipe import GPipeLayer
 from params.errors import ConfigError
 from params.hyperparams import Params
@@ -76,7 +76,7 @@ def op_events(run: Callable[[], Any]) -> list[tuple[str, float, float]]:
     return out
 
 
-def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[schedules.Event]:
+def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[timeline.Event]:
     """One event per (stage, micro-batch, kind) found in the ops' name scopes, times from the first.
 
     The weight-gradient sums over micro-batches belong to no one box. A box spans its ops, less
@@ -88,7 +88,7 @@ def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[schedules.E
     for name, start, end in ops:
         scope, _, op_type = name.rpartition(":")
         matches = list(_SCOPE.finditer(scope))
-        if not matches or op_type in _IGNORED_TYPES or stage_ops.SUMS_SCOPE in scope.split("/"):
+        if not matches or op_type in _IGNORED_TYPES or stage_segments.SUMS_SCOPE in scope.split("/"):
             continue
         match = matches[-1]  # the innermost: the tape nests a backward under its forward op's scope
         # A recompute's own gradient ops are named gradient_tape/stage_k_micro_batch_m_grad/recompute/.
@@ -101,7 +101,7 @@ def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[schedules.E
         return []
     spans = {key: _trimmed(sorted(intervals)) for key, intervals in groups.items()}
     t0 = min(s for s, _ in spans.values())
-    evs = [schedules.Event(s - t0, e - t0, k, m, kind) for (k, m, kind), (s, e) in spans.items()]
+    evs = [timeline.Event(s - t0, e - t0, k, m, kind) for (k, m, kind), (s, e) in spans.items()]
     return sorted(evs, key=lambda e: (e.start, e.stage))
 
 
@@ -130,7 +130,7 @@ def _trimmed(intervals: list[tuple[float, float]], share: float = 0.1) -> tuple[
     return -max(neg_start for _, neg_start in kept), -min(neg_end for neg_end, _ in kept)
 
 
-def measured_costs(evs: list[schedules.Event], num_stages: int) -> simulator.StageCosts:
+def measured_costs(evs: list[timeline.Event], num_stages: int) -> simulator.StageCosts:
     """Each stage's median op duration per kind (a kind the step never ran costs 0)."""
 
     def median(kind: str, k: int) -> float:
@@ -170,9 +170,9 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
         pipeline.schedule_for(m_count), m_count, remat, measured_costs(evs, s_count)
     )
     measured = {
-        "step_time_s": schedules.step_time(evs),
-        "bubble": schedules.bubble(evs),
-        "peak_in_flight": schedules.peak_in_flight(evs),
+        "step_time_s": timeline.step_time(evs),
+        "bubble": timeline.bubble(evs),
+        "peak_in_flight": memory.peak_in_flight(evs),
     }
     title = f"{root.model}: K={k_count}, M={m_count}, remat={remat}, {schedule}"
     pngs = {

@@ -15,11 +15,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from layers.parallel.pipeline import memory, timeline
 from layers.parallel.pipeline import schedule as schedules
 
 
 def trace_events(
-    events: Sequence[schedules.Event],
+    events: Sequence[timeline.Event],
     num_stages: int,
     title: str,
     activation_bytes: Sequence[float] | None = None,
@@ -69,7 +70,7 @@ def trace_events(
                         "cat": "transfer", "ts": us(e.start)})  # fmt: skip
     weight = list(activation_bytes) if activation_bytes is not None else None
     counter = "activation bytes" if weight is not None else "micro-batches held"
-    for d, steps in enumerate(schedules.held_over_time(events, weight)):
+    for d, steps in enumerate(memory.held_over_time(events, weight)):
         for t, level in steps:
             out.append({"ph": "C", "pid": 0, "tid": d, "name": f"{counter} device {d}", "ts": us(t),
                         "args": {counter: level}})  # fmt: skip

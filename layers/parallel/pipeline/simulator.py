@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from layers.parallel.pipeline import memory, timeline
 from layers.parallel.pipeline import schedule as schedules
 
 DEFAULT_BACKWARD_RATIO = 2.0  # a dense layer's backward is two matmuls of its forward's size
@@ -141,7 +142,7 @@ class Prediction:
     step_time: float
     bubble: float
     peak_in_flight: tuple[int, ...]
-    events: tuple[schedules.Event, ...]
+    events: tuple[timeline.Event, ...]
     virtual_stages: int = 1
 
     def summary(self) -> dict[str, Any]:
@@ -159,7 +160,7 @@ class Prediction:
             # one_f_one_b_split; T_B the input half): None.
             "theoretical_bubble": None
             if self.schedule in schedules.SPLIT_BACKWARD
-            else schedules.theoretical_bubble(self.num_stages, self.num_micro_batches, self.virtual_stages),
+            else timeline.theoretical_bubble(self.num_stages, self.num_micro_batches, self.virtual_stages),
             "peak_in_flight": list(self.peak_in_flight),
         }
 
@@ -190,15 +191,15 @@ def simulate(
         schedules.BACKWARD_WEIGHT: costs.backward_weight,
     }
     alone = [costs.alone_speedup] * sched.num_devices
-    evs = schedules.timeline(sched.orders, cost, costs.transfer, alone)
+    evs = timeline.timeline(sched.orders, cost, costs.transfer, alone)
     return Prediction(
         schedule=sched.name,
         num_stages=sched.num_devices,
         num_micro_batches=sched.num_micro_batches,
         remat=remat,
-        step_time=schedules.step_time(evs),
-        bubble=schedules.bubble(evs),
-        peak_in_flight=tuple(schedules.peak_in_flight(evs)),
+        step_time=timeline.step_time(evs),
+        bubble=timeline.bubble(evs),
+        peak_in_flight=tuple(memory.peak_in_flight(evs)),
         events=tuple(evs),
         virtual_stages=sched.virtual_stages,
     )

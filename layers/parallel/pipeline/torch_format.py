@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 
 from layers.parallel.pipeline import schedule as schedules
+from layers.parallel.pipeline import timeline
 from layers.parallel.pipeline.schedule import Op, Schedule, ScheduleError
 
 _ACTION = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
@@ -122,7 +123,7 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
                 )
     orders = [[Op(s, m, _KIND_OF[c]) for _, s, c, m in row if c in _KIND_OF] for row in parsed]
     cost = {kind: [1.0] * stages for kind in schedules.ALL_KINDS}
-    schedules.timeline(orders, cost)  # raises on an order that waits forever
+    timeline.timeline(orders, cost)  # raises on an order that waits forever
 
 
 def read_csv(text: str) -> list[list[str]]:

@@ -9,6 +9,7 @@ from PIL import Image
 
 from layers.parallel.pipeline import schedule as ps
 from layers.parallel.pipeline import simulator as sim
+from layers.parallel.pipeline import timeline as tl
 from trainer.pipeline_views import picture as pipeline_picture
 
 
@@ -35,7 +36,7 @@ def test_draws_a_box_of_each_kind_on_each_stage_row():
 
 
 def test_boxes_sit_where_the_events_are():
-    evs = [ps.Event(0.0, 0.5, 0, 0, ps.FORWARD), ps.Event(0.5, 1.0, 0, 0, ps.BACKWARD)]
+    evs = [tl.Event(0.0, 0.5, 0, 0, ps.FORWARD), tl.Event(0.5, 1.0, 0, 0, ps.BACKWARD)]
     img = _image(pipeline_picture.draw_png(evs, "two ops", width=1000))
     y = pipeline_picture._TOP + 4
     plot = 1000 - pipeline_picture._LEFT - pipeline_picture._RIGHT
@@ -47,4 +48,4 @@ def test_bad_input():
     with pytest.raises(ValueError, match="no events"):
         pipeline_picture.draw_png([], "x")
     with pytest.raises(ValueError, match="1 row labels for 2 stages"):
-        pipeline_picture.draw_png(ps.events("fill_drain", 2, 2), "x", ["only one"])
+        pipeline_picture.draw_png(tl.events("fill_drain", 2, 2), "x", ["only one"])

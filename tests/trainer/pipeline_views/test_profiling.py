@@ -12,6 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from layers.parallel.pipeline import schedule as ps
+from layers.parallel.pipeline import timeline as tl
 from tests.trainer.runner import REPO, _env
 from trainer.pipeline_views import profiling
 
@@ -42,10 +43,10 @@ def test_pipeline_events_group_ops_by_scope_and_kind():
 
 def test_measured_costs_are_per_stage_medians():
     evs = [
-        ps.Event(0.0, 1.0, 0, 0, ps.FORWARD),
-        ps.Event(1.0, 3.0, 0, 1, ps.FORWARD),
-        ps.Event(3.0, 4.0, 0, 2, ps.FORWARD),
-        ps.Event(4.0, 7.0, 1, 0, ps.BACKWARD),
+        tl.Event(0.0, 1.0, 0, 0, ps.FORWARD),
+        tl.Event(1.0, 3.0, 0, 1, ps.FORWARD),
+        tl.Event(3.0, 4.0, 0, 2, ps.FORWARD),
+        tl.Event(4.0, 7.0, 1, 0, ps.BACKWARD),
     ]
     costs = profiling.measured_costs(evs, 2)
     assert costs.forward == (1.0, 0.0)

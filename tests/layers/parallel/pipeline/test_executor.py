@@ -1,5 +1,6 @@
-"""The executor's cut for the weight gradient: W from the ops that first combine a weight with the
-activations, so it keeps neither the layer's output nor its output gradient."""
+"""The weight half of a split backward (W): from the cut where a weight first meets the activations
+it computes the full backward's weight gradients, only for the first segments whose reads fit the
+budget, and a step holds one layer's weight gradient beside the sums."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from layers.parallel.pipeline import executor
+from layers.parallel.pipeline import memory, segment, weight_cut
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
-def _frontier_and_grads(layer, x_value: np.ndarray):
-    """In a traced function: the cut of ``layer`` on x, and the weight gradients from the cut and
-    from the output (both for the output gradient 1), as numpy arrays."""
+def _cut_and_grads(layer, x_value: np.ndarray):
+    """In a traced function: whether ``layer`` on x has a cut, and its weight gradients from the full
+    backward and from the cut (both for the output gradient 1), as numpy arrays."""
     out = {}
 
     @tf.function
@@ -28,43 +29,42 @@ def _frontier_and_grads(layer, x_value: np.ndarray):
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(x)
             y = layer(x)
-        cut = executor._weight_frontier(tape, [x], [y])
-        out["cut"] = None if cut is None else [[t.op.type for t in ts] for _, ts in cut]
+        cut = weight_cut.weight_frontier(tape, [x], [y])
+        out["cut"] = cut is not None
         variables = list(tape.watched_variables())
         want = tape.gradient(y, variables, output_gradients=tf.ones_like(y))
         if cut is None:
             return want, want
         tensors = [t for _, ts in cut for t in ts]
-        piece = executor._Piece(tape, [x], [y], frontier=cut)
-        piece.frontier_grads = tape.gradient(y, tensors, output_gradients=tf.ones_like(y))
-        return want, executor._frontier_weight_grads(piece)
+        at_cut = tape.gradient(y, tensors, output_gradients=tf.ones_like(y))
+        return want, weight_cut.frontier_weight_grads(tape, cut, at_cut)
 
     want, got = run(tf.constant(x_value))
     return out["cut"], [g.numpy() for g in want], [g.numpy() for g in got]
 
 
-def test_a_dense_layer_is_cut_at_its_product_and_bias_sum():
+def test_w_from_a_dense_layers_cut_equals_the_full_backward():
     w, b = tf.Variable(tf.random.stateless_normal([3, 4], [1, 2])), tf.Variable(tf.ones([4]))
-    cut, want, got = _frontier_and_grads(
-        lambda x: tf.nn.relu(tf.matmul(x, w) + b), np.ones([2, 3], np.float32)
-    )
-    assert cut == [["MatMul"], ["AddV2"]]
+    x = np.random.default_rng(0).normal(size=[2, 3]).astype(np.float32)
+    cut, want, got = _cut_and_grads(lambda x: tf.nn.relu(tf.matmul(x, w) + b), x)
+    assert cut and len(got) == 2
     for a, c in zip(want, got):
         np.testing.assert_allclose(a, c, rtol=1e-6)
 
 
-def test_a_weight_combined_twice_in_a_row_is_not_cut():
-    """x w w: the second product's gradient would count the first one again."""
+def test_a_weight_combined_twice_in_a_row_has_no_cut():
+    """x w w: the second product's gradient would count the first one again, so W starts from the
+    segment's output."""
     w = tf.Variable(tf.random.stateless_normal([3, 3], [3, 4]))
-    cut, _, _ = _frontier_and_grads(lambda x: tf.matmul(tf.matmul(x, w), w), np.ones([2, 3], np.float32))
-    assert cut is None
+    cut, _, _ = _cut_and_grads(lambda x: tf.matmul(tf.matmul(x, w), w), np.ones([2, 3], np.float32))
+    assert not cut
 
 
-def test_a_weight_combined_twice_side_by_side_is_cut_at_both():
+def test_w_from_a_weight_combined_twice_side_by_side_equals_the_full_backward():
     w = tf.Variable(tf.random.stateless_normal([3, 3], [5, 6]))
     layer = lambda x: tf.matmul(x, w) * tf.matmul(tf.sin(x), w)  # noqa: E731
-    cut, want, got = _frontier_and_grads(layer, np.ones([2, 3], np.float32))
-    assert cut == [["MatMul", "MatMul"]]
+    cut, want, got = _cut_and_grads(layer, np.ones([2, 3], np.float32))
+    assert cut
     np.testing.assert_allclose(want[0], got[0], rtol=1e-5)
 
 
@@ -74,7 +74,7 @@ def test_eagerly_there_is_no_cut():
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = tf.matmul(x, w)
-    assert executor._weight_frontier(tape, [x], [y]) is None
+    assert weight_cut.weight_frontier(tape, [x], [y]) is None
 
 
 def test_w_defers_only_the_first_segments_whose_reads_fit_what_the_forward_keeps():
@@ -86,24 +86,17 @@ def test_w_defers_only_the_first_segments_whose_reads_fit_what_the_forward_keeps
 
     @tf.function
     def run(x: tf.Tensor):
-        pieces = []
-        for w in ws:
-            with tf.GradientTape(persistent=True) as tape:
-                tape.watch(x)
-                y = tf.nn.relu(tf.matmul(x, w))
-            pieces.append(executor._Piece(tape, [x], [y]))
-            x = y
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(tf.square(x), axis=-1)
-        pieces.append(executor._Piece(tape, [x], [loss]))
-        executor._choose_deferred(pieces, frozenset(), lambda kept: kept)
-        out["deferred"] = [p.deferred for p in pieces]
+        layers = [lambda ctx, x, w=w: tf.nn.relu(tf.matmul(x, w)) for w in ws]
+        layers.append(lambda ctx, x: tf.reduce_sum(tf.square(x), axis=-1))
+        taped: list[segment.TapedSegment] = []
+        loss = segment.record(layers, None, x, taped)
+        segment.choose_deferred(taped, frozenset(), lambda kept: kept)
+        out["deferred"] = [p.deferred for p in taped]
         # The pipeline's own input (a slice of the batch) is free: 4 kept, the first W holds 1.
-        executor._choose_deferred(pieces, {id(pieces[0].inputs[0])}, lambda kept: kept)
-        out["free_input"] = [p.deferred for p in pieces]
-        executor._choose_deferred(pieces, frozenset(), lambda kept: kept and kept * 2 // 5)  # 2 of 5
-        out["budget_2"] = [p.deferred for p in pieces]
+        segment.choose_deferred(taped, {id(taped[0].inputs[0])}, lambda kept: kept)
+        out["free_input"] = [p.deferred for p in taped]
+        segment.choose_deferred(taped, frozenset(), lambda kept: kept and kept * 2 // 5)  # 2 of 5
+        out["budget_2"] = [p.deferred for p in taped]
         return loss
 
     run(tf.ones([4, 4]))
@@ -116,12 +109,10 @@ def test_w_defers_only_the_first_segments_whose_reads_fit_what_the_forward_keeps
 
 
 def test_deferred_segments_counts_the_first_ones_within_the_budget():
-    from layers.parallel.pipeline import schedule
-
-    assert schedule.deferred_segments(5, [2, 2, 2, 2]) == 2
-    assert schedule.deferred_segments(5, [0, 2, 2, 2]) == 3  # no weights: nothing held
-    assert schedule.deferred_segments(1, [2, 2]) == 0  # I then takes every weight gradient (as B)
-    assert schedule.deferred_segments(5, [2, None, 2]) == 3  # a size unknown: the paper's split
+    assert memory.deferred_segments(5, [2, 2, 2, 2]) == 2
+    assert memory.deferred_segments(5, [0, 2, 2, 2]) == 3  # no weights: nothing held
+    assert memory.deferred_segments(1, [2, 2]) == 0  # I then takes every weight gradient (as B)
+    assert memory.deferred_segments(5, [2, None, 2]) == 3  # a size unknown: the paper's split
 
 
 BACKWARD_MEMORY_SCRIPT = """

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from layers import core
 from layers.base_layer import FPropContext
-from layers.parallel.pipeline import executor, gpipe
+from layers.parallel.pipeline import gpipe, memory, segment
 from layers.parallel.pipeline import schedule as schedules
 from params.errors import ConfigError
 from tests.layers.parallel.pipeline.gpipe_training import (
@@ -158,7 +158,7 @@ def test_each_stage_runs_its_work_in_the_schedules_order(k, m, remat, schedule):
     want = [[(op.kind, op.micro_batch) for op in order] for order in orders_wanted]
     assert orders == want
     if schedule == "one_f_one_b":
-        assert schedules.peak_in_flight(evs) == [min(k - s, m) for s in range(k)]
+        assert memory.peak_in_flight(evs) == [min(k - s, m) for s in range(k)]
 
 
 def test_in_step_weight_gradients_are_scaled_on_their_stages_devices():
@@ -178,7 +178,7 @@ def test_in_step_weight_gradients_are_scaled_on_their_stages_devices():
 
     ops = step.get_concrete_function().graph.get_operations()
     scaled = [
-        op for op in ops if op.type == "Mul" and any(executor.SUMS_SCOPE in t.op.name for t in op.inputs)
+        op for op in ops if op.type == "Mul" and any(segment.SUMS_SCOPE in t.op.name for t in op.inputs)
     ]
     devices = sorted(op.device.split("device:")[-1] for op in scaled)
     assert devices == ["CPU:0"] * 4 + ["CPU:1"] * 4  # 2 layers per stage, a weight and a bias each

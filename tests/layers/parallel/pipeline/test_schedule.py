@@ -6,14 +6,16 @@ import itertools
 
 import pytest
 
+from layers.parallel.pipeline import memory as mem
 from layers.parallel.pipeline import schedule as ps
+from layers.parallel.pipeline import timeline as tl
 
 GRID = list(itertools.product(ps.CLASSIC, ps.REMAT_POLICIES, (1, 2, 3, 4, 8), (1, 2, 4, 8, 16)))
 
 
 @pytest.mark.parametrize("schedule,remat,k,m", GRID)
 def test_every_op_runs_once_in_dependency_order(schedule, remat, k, m):
-    evs = ps.events(schedule, k, m, remat)
+    evs = tl.events(schedule, k, m, remat)
     ops = [e.op for e in evs]
     assert len(ops) == len(set(ops))
     remat_of = ps.remat_micro_batches(remat, m)
@@ -38,24 +40,24 @@ def test_every_op_runs_once_in_dependency_order(schedule, remat, k, m):
 
 @pytest.mark.parametrize("schedule,remat,k,m", [g for g in GRID if g[1] != "except_last"])
 def test_bubble_is_the_closed_form_when_stages_cost_the_same(schedule, remat, k, m):
-    evs = ps.events(schedule, k, m, remat)
-    assert ps.bubble(evs) == pytest.approx(ps.theoretical_bubble(k, m), abs=1e-12)
+    evs = tl.events(schedule, k, m, remat)
+    assert tl.bubble(evs) == pytest.approx(tl.theoretical_bubble(k, m), abs=1e-12)
     per_micro_batch = 4.0 if remat == "always" else 3.0  # forward 1 + backward 2 (+ recompute 1)
-    assert ps.step_time(evs) == pytest.approx((m + k - 1) * per_micro_batch)
+    assert tl.step_time(evs) == pytest.approx((m + k - 1) * per_micro_batch)
 
 
 @pytest.mark.parametrize(
     "schedule,k,m", [(s, k, m) for s in ps.CLASSIC for k in (1, 2, 4) for m in (2, 4, 8)]
 )
 def test_except_last_lies_between_never_and_always(schedule, k, m):
-    times = [ps.step_time(ps.events(schedule, k, m, r)) for r in ("never", "except_last", "always")]
+    times = [tl.step_time(tl.events(schedule, k, m, r)) for r in ("never", "except_last", "always")]
     assert times[0] < times[1] < times[2]
 
 
 @pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16, 32)])
 def test_in_flight_fill_drain_holds_every_micro_batch_one_f_one_b_at_most_k_minus_stage(k, m):
-    assert ps.peak_in_flight(ps.events("fill_drain", k, m)) == [m] * k
-    assert ps.peak_in_flight(ps.events("one_f_one_b", k, m)) == [min(k - s, m) for s in range(k)]
+    assert mem.peak_in_flight(tl.events("fill_drain", k, m)) == [m] * k
+    assert mem.peak_in_flight(tl.events("one_f_one_b", k, m)) == [min(k - s, m) for s in range(k)]
 
 
 def test_one_f_one_b_order_warms_up_then_alternates():
@@ -82,7 +84,7 @@ def test_except_last_skips_the_last_recompute():
 
 def test_timeline_uses_each_stage_cost_and_transfer():
     orders = ps.stage_orders("fill_drain", 2, 1)
-    evs = ps.timeline(orders, {ps.FORWARD: [1.0, 3.0], ps.BACKWARD: [2.0, 5.0], ps.RECOMPUTE: [0, 0]}, 0.5)
+    evs = tl.timeline(orders, {ps.FORWARD: [1.0, 3.0], ps.BACKWARD: [2.0, 5.0], ps.RECOMPUTE: [0, 0]}, 0.5)
     placed = {(e.stage, e.kind): (e.start, e.end) for e in evs}
     assert placed[(0, ps.FORWARD)] == (0.0, 1.0)
     assert placed[(1, ps.FORWARD)] == (1.5, 4.5)
@@ -93,7 +95,7 @@ def test_timeline_uses_each_stage_cost_and_transfer():
 def test_a_deadlocked_order_is_an_error():
     bad = [[ps.Op(0, 0, ps.BACKWARD), ps.Op(0, 0, ps.FORWARD)]]
     with pytest.raises(ValueError, match="deadlock"):
-        ps.timeline(bad, {kind: [1.0] for kind in ps.KINDS})
+        tl.timeline(bad, {kind: [1.0] for kind in ps.KINDS})
 
 
 @pytest.mark.parametrize(
@@ -103,7 +105,7 @@ def test_a_deadlocked_order_is_an_error():
         (lambda: ps.stage_orders("fill_drain", 0, 2), "num_stages must be an int >= 1"),
         (lambda: ps.stage_orders("fill_drain", 2, True), "num_micro_batches"),
         (lambda: ps.remat_micro_batches("sometimes", 2), "remat must be one of"),
-        (lambda: ps.timeline([[]], {ps.FORWARD: [1.0]}), "one duration per stage"),
+        (lambda: tl.timeline([[]], {ps.FORWARD: [1.0]}), "one duration per stage"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(call, match):
@@ -121,8 +123,8 @@ def test_shared_timeline_without_a_lone_speedup_is_the_plain_timeline(schedule, 
     """The event loop (taken for any speedup other than 1) gives the closed timeline's events."""
     orders = ps.stage_orders(schedule, k, m, remat)
     cost = {kind: [c * (1 + 0.1 * s) for s in range(k)] for kind, c in ps.UNIT_COSTS.items()}
-    plain = ps.timeline(orders, cost, transfer=0.25)
-    shared = ps.timeline(orders, cost, transfer=0.25, alone_speedup=[1.0 + 1e-12] * k)
+    plain = tl.timeline(orders, cost, transfer=0.25)
+    shared = tl.timeline(orders, cost, transfer=0.25, alone_speedup=[1.0 + 1e-12] * k)
     key = lambda e: (e.stage, e.micro_batch, e.kind)  # noqa: E731
     assert sorted(map(key, shared)) == sorted(map(key, plain))
     for a, b in zip(sorted(shared, key=key), sorted(plain, key=key)):
@@ -136,10 +138,10 @@ def test_a_lone_stage_runs_faster(schedule):
     15 - (1 + 1 + 2 + 2) / 3 = 13."""
     orders = ps.stage_orders(schedule, 2, 4, "never")
     cost = {kind: [c] * 2 for kind, c in ps.UNIT_COSTS.items()}
-    evs = ps.timeline(orders, cost, alone_speedup=[1.5, 1.5])
-    assert ps.step_time(evs) == pytest.approx(13.0)
+    evs = tl.timeline(orders, cost, alone_speedup=[1.5, 1.5])
+    assert tl.step_time(evs) == pytest.approx(13.0)
     with pytest.raises(ValueError, match="alone_speedup needs a factor >= 1 per stage"):
-        ps.timeline(orders, cost, alone_speedup=[0.5, 1.0])
+        tl.timeline(orders, cost, alone_speedup=[0.5, 1.0])
 
 
 # ---------------------------------------------------------------- interleaved and zero-bubble schedules
@@ -163,7 +165,7 @@ NEW = [
 @pytest.mark.parametrize("schedule,k,m,v,remat", NEW)
 def test_every_unit_runs_once_after_its_inputs(schedule, k, m, v, remat):
     sched = ps.build(schedule, k, m, remat, v)
-    evs = ps.timeline(sched.orders, {kind: [1.0] * (k * v) for kind in ps.ALL_KINDS}, transfer=0.1)
+    evs = tl.timeline(sched.orders, {kind: [1.0] * (k * v) for kind in ps.ALL_KINDS}, transfer=0.1)
     ops = [e.op for e in evs]
     assert len(ops) == len(set(ops))
     split = schedule in ps.SPLIT_BACKWARD
@@ -190,8 +192,8 @@ def test_every_unit_runs_once_after_its_inputs(schedule, k, m, v, remat):
     [(k, m, v) for k in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16) for v in (1, 2, 3, 4) if v == 1 or m % k == 0],
 )
 def test_interleaved_bubble_is_k_minus_1_over_v_m_plus_k_minus_1(k, m, v):
-    evs = ps.events("interleaved_1f1b", k, m, "never", v)
-    assert ps.bubble(evs) == pytest.approx(ps.theoretical_bubble(k, m, v), abs=1e-9)
+    evs = tl.events("interleaved_1f1b", k, m, "never", v)
+    assert tl.bubble(evs) == pytest.approx(tl.theoretical_bubble(k, m, v), abs=1e-9)
 
 
 @pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 16) if m >= k])
@@ -202,12 +204,12 @@ def test_zb_h1_bubble_is_the_closed_form_at_one_f_one_b_memory(k, m, w):
     1F1B's peak (K micro-batches, on its first device)."""
     cost = {ps.FORWARD: [1.0] * k, ps.BACKWARD_INPUT: [1.0] * k, ps.BACKWARD_WEIGHT: [w] * k}
     cost |= {ps.BACKWARD: [1.0 + w] * k, ps.RECOMPUTE: [1.0] * k}
-    evs = ps.timeline(ps.build("zb_h1", k, m).orders, cost)
-    assert ps.step_time(evs) == pytest.approx(m * (2.0 + w) + ps.zb_h1_bubble_time(k, 1.0, 1.0, w), abs=1e-9)
-    one_f_one_b = ps.peak_in_flight(ps.events("one_f_one_b", k, m))
-    assert max(ps.peak_in_flight(evs)) <= max(one_f_one_b)
-    h2 = ps.timeline(ps.build("zb_h2", k, m).orders, cost)
-    assert ps.step_time(h2) <= ps.step_time(evs) + 1e-9
+    evs = tl.timeline(ps.build("zb_h1", k, m).orders, cost)
+    assert tl.step_time(evs) == pytest.approx(m * (2.0 + w) + tl.zb_h1_bubble_time(k, 1.0, 1.0, w), abs=1e-9)
+    one_f_one_b = mem.peak_in_flight(tl.events("one_f_one_b", k, m))
+    assert max(mem.peak_in_flight(evs)) <= max(one_f_one_b)
+    h2 = tl.timeline(ps.build("zb_h2", k, m).orders, cost)
+    assert tl.step_time(h2) <= tl.step_time(evs) + 1e-9
 
 
 @pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 4, 8, 16) if m >= k])
@@ -219,7 +221,7 @@ def test_zb_h1_warms_up_as_one_f_one_b_and_holds_k_on_every_device(k, m):
     for d, order in enumerate(sched.orders):
         first_input = next(i for i, op in enumerate(order) if op.kind == ps.BACKWARD_INPUT)
         assert [op.kind for op in order[:first_input]] == [ps.FORWARD] * (k - d)
-    assert ps.peak_in_flight(ps.events("zb_h1", k, m)) == [k] * k
+    assert mem.peak_in_flight(tl.events("zb_h1", k, m)) == [k] * k
 
 
 @pytest.mark.parametrize("k,m", [(k, m) for k in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 16)])
@@ -230,50 +232,50 @@ def test_one_f_one_b_split_holds_what_one_f_one_b_holds_on_each_device_with_less
     less (K - 1) T_W, whatever the costs."""
     cost = {ps.FORWARD: [f] * k, ps.BACKWARD_INPUT: [i] * k, ps.BACKWARD_WEIGHT: [w] * k}
     cost |= {ps.BACKWARD: [i + w] * k, ps.RECOMPUTE: [f] * k}
-    evs = ps.timeline(ps.build("one_f_one_b_split", k, m).orders, cost)
-    one_f_one_b = ps.timeline(ps.build("one_f_one_b", k, m).orders, cost)
-    assert ps.peak_in_flight(evs) == ps.peak_in_flight(one_f_one_b) == [min(k - d, m) for d in range(k)]
-    want = m * (f + i + w) + ps.one_f_one_b_split_bubble_time(k, f, i)
-    assert ps.step_time(evs) == pytest.approx(want, abs=1e-9)
-    assert ps.step_time(one_f_one_b) - ps.step_time(evs) == pytest.approx((k - 1) * w, abs=1e-9)
+    evs = tl.timeline(ps.build("one_f_one_b_split", k, m).orders, cost)
+    one_f_one_b = tl.timeline(ps.build("one_f_one_b", k, m).orders, cost)
+    assert mem.peak_in_flight(evs) == mem.peak_in_flight(one_f_one_b) == [min(k - d, m) for d in range(k)]
+    want = m * (f + i + w) + tl.one_f_one_b_split_bubble_time(k, f, i)
+    assert tl.step_time(evs) == pytest.approx(want, abs=1e-9)
+    assert tl.step_time(one_f_one_b) - tl.step_time(evs) == pytest.approx((k - 1) * w, abs=1e-9)
 
 
-def _split_events() -> list[ps.Event]:
+def _split_events() -> list[tl.Event]:
     """Two devices, one micro-batch: F0 [0, 1], F1 [1, 2], I1 [2, 3], I0 [3, 4], W1 [3, 5], W0 [4, 6]."""
     f, i, w = ps.FORWARD, ps.BACKWARD_INPUT, ps.BACKWARD_WEIGHT
     return [
-        ps.Event(0, 1, 0, 0, f, 0),
-        ps.Event(1, 2, 1, 0, f, 1),
-        ps.Event(2, 3, 1, 0, i, 1),
-        ps.Event(3, 4, 0, 0, i, 0),
-        ps.Event(3, 5, 1, 0, w, 1),
-        ps.Event(4, 6, 0, 0, w, 0),
+        tl.Event(0, 1, 0, 0, f, 0),
+        tl.Event(1, 2, 1, 0, f, 1),
+        tl.Event(2, 3, 1, 0, i, 1),
+        tl.Event(3, 4, 0, 0, i, 0),
+        tl.Event(3, 5, 1, 0, w, 1),
+        tl.Event(4, 6, 0, 0, w, 0),
     ]
 
 
 def test_held_after_input_weighs_what_w_reads_and_sums_stay_from_the_first_w():
     evs = _split_events()
-    assert ps.held_over_time(evs, [5.0, 5.0]) == [[(0, 5.0), (6, 0.0)], [(1, 5.0), (5, 0.0)]]
+    assert mem.held_over_time(evs, [5.0, 5.0]) == [[(0, 5.0), (6, 0.0)], [(1, 5.0), (5, 0.0)]]
     # From the end of its I to the end of its W a micro-batch weighs 9 (inputs and output gradients).
-    held = ps.held_over_time(evs, [5.0, 5.0], after_input=[9.0, 9.0])
+    held = mem.held_over_time(evs, [5.0, 5.0], after_input=[9.0, 9.0])
     assert held == [[(0, 5.0), (4, 9.0), (6, 0.0)], [(1, 5.0), (3, 9.0), (5, 0.0)]]
     # The weight-gradient sums (8, 3) stay from the end of the stage's first W (released first).
-    held = ps.held_over_time(evs, [5.0, 5.0], [9.0, 9.0], sums=[8.0, 3.0])
+    held = mem.held_over_time(evs, [5.0, 5.0], [9.0, 9.0], sums=[8.0, 3.0])
     assert held == [[(0, 5.0), (4, 9.0), (6, 0.0), (6, 8.0)], [(1, 5.0), (3, 9.0), (5, 0.0), (5, 3.0)]]
-    assert ps.peak_held(evs, [5.0, 5.0], [9.0, 9.0], sums=[10.0, 3.0]) == [10.0, 9.0]
+    assert mem.peak_held(evs, [5.0, 5.0], [9.0, 9.0], sums=[10.0, 3.0]) == [10.0, 9.0]
     # A full backward (B) has no I: after_input changes nothing.
-    one_f_one_b = ps.events("one_f_one_b", 2, 4)
-    assert ps.held_over_time(one_f_one_b, [5.0, 5.0], after_input=[9.0, 9.0]) == ps.held_over_time(
+    one_f_one_b = tl.events("one_f_one_b", 2, 4)
+    assert mem.held_over_time(one_f_one_b, [5.0, 5.0], after_input=[9.0, 9.0]) == mem.held_over_time(
         one_f_one_b, [5.0, 5.0]
     )
 
 
 def test_bubbles_at_k4_m8_with_equal_unit_costs():
     """The issue's figures: 1F1B 27%, interleaved v=2 16%, ZB-H1 11%."""
-    assert ps.bubble(ps.events("one_f_one_b", 4, 8)) == pytest.approx(3 / 11)
-    assert ps.bubble(ps.events("interleaved_1f1b", 4, 8, virtual_stages=2)) == pytest.approx(3 / 19)
-    assert ps.bubble(ps.events("zb_h1", 4, 8)) == pytest.approx(3 / 27)
-    assert ps.peak_in_flight(ps.events("zb_h2", 4, 8)) == [7, 7, 7, 7]
+    assert tl.bubble(tl.events("one_f_one_b", 4, 8)) == pytest.approx(3 / 11)
+    assert tl.bubble(tl.events("interleaved_1f1b", 4, 8, virtual_stages=2)) == pytest.approx(3 / 19)
+    assert tl.bubble(tl.events("zb_h1", 4, 8)) == pytest.approx(3 / 27)
+    assert mem.peak_in_flight(tl.events("zb_h2", 4, 8)) == [7, 7, 7, 7]
 
 
 @pytest.mark.parametrize(
@@ -309,14 +311,14 @@ def test_shared_cores_timeline_runs_free_units(schedule, v):
     sched = ps.build(schedule, k, m, "never", v)
     cost = {kind: [1.0] * (k * v) for kind in ps.ALL_KINDS}
     cost[ps.BACKWARD] = cost[ps.BACKWARD_WEIGHT] = [0.0] * (k * v)
-    evs = ps.timeline(sched.orders, cost, transfer=0.0, alone_speedup=[1.5] * k)
+    evs = tl.timeline(sched.orders, cost, transfer=0.0, alone_speedup=[1.5] * k)
     assert len(evs) == sum(len(order) for order in sched.orders)
 
 
 def test_held_counts_are_a_devices_forwards_and_ws_waiting_at_each_forward():
     order = ps.build("zb_h1", 2, 3).orders[1]  # F0 I0 F1 I1 W0 F2 I2 W1 W2
-    assert ps.held_counts(order) == [(1, 0), (1, 1), (1, 1)]
-    assert ps.held_counts(ps.build("one_f_one_b", 2, 3).orders[0]) == [(1, 0), (2, 0), (2, 0)]
+    assert mem.held_counts(order) == [(1, 0), (1, 1), (1, 1)]
+    assert mem.held_counts(ps.build("one_f_one_b", 2, 3).orders[0]) == [(1, 0), (2, 0), (2, 0)]
 
 
 @pytest.mark.parametrize("k,m", [(2, 2), (2, 8), (3, 5), (4, 4), (4, 8)])
@@ -327,27 +329,27 @@ def test_zb_h1_budgets_keep_every_device_within_one_f_one_b_s_fullest(k, m, kept
     the stage's forward keeps, and with equal stages every budget is that (Qi et al.'s premise)."""
     kept = list(kept[:k])
     sched = ps.build("zb_h1", k, m)
-    budgets = ps.weight_budgets(sched, kept)
+    budgets = mem.weight_budgets(sched, kept)
     assert all(0 <= b <= c for b, c in zip(budgets, kept))
     if len(set(kept)) == 1:
         assert budgets == kept
     cost = {kind: [c] * k for kind, c in ps.UNIT_COSTS.items()}
-    zb = ps.timeline(sched.orders, cost)
-    one_f_one_b = ps.events("one_f_one_b", k, m)
-    limit = max(ps.peak_held(one_f_one_b, kept))
-    assert max(ps.peak_held(zb, kept, after_input=budgets)) <= limit + 1e-9
+    zb = tl.timeline(sched.orders, cost)
+    one_f_one_b = tl.events("one_f_one_b", k, m)
+    limit = max(mem.peak_held(one_f_one_b, kept))
+    assert max(mem.peak_held(zb, kept, after_input=budgets)) <= limit + 1e-9
     # The premise's budgets alone would pass it here: a device beyond the first holds K.
     if kept[-1] * min(k, m) > limit:
-        assert max(ps.peak_held(zb, kept, after_input=kept)) > limit
+        assert max(mem.peak_held(zb, kept, after_input=kept)) > limit
 
 
 def test_budgets_other_schedules_and_unknown_sizes():
     """Other schedules keep the premise (what the forward keeps); a size not known yet gives no budget
     and leaves 1F1B's peak to the stages known (the first: traced before the others)."""
-    assert ps.weight_budgets(ps.build("zb_h2", 2, 4), [4, 6]) == [4, 6]
-    assert ps.weight_budgets(ps.build("one_f_one_b_split", 2, 4), [4, 6]) == [4, 6]
+    assert mem.weight_budgets(ps.build("zb_h2", 2, 4), [4, 6]) == [4, 6]
+    assert mem.weight_budgets(ps.build("one_f_one_b_split", 2, 4), [4, 6]) == [4, 6]
     zb = ps.build("zb_h1", 2, 4)
-    assert ps.weight_budgets(zb, [4, 6]) == [4, 2]  # last device: 6 + 2 = 8, 1F1B's first device
-    assert ps.weight_budgets(zb, [4, None]) == [4, None]
-    assert ps.weight_budgets(zb, [None, 6]) == [None, 0]  # only its own 1F1B peak (6) is known
-    assert ps.deferred_segments(None, [2, 2]) == 2
+    assert mem.weight_budgets(zb, [4, 6]) == [4, 2]  # last device: 6 + 2 = 8, 1F1B's first device
+    assert mem.weight_budgets(zb, [4, None]) == [4, None]
+    assert mem.weight_budgets(zb, [None, 6]) == [None, 0]  # only its own 1F1B peak (6) is known
+    assert mem.deferred_segments(None, [2, 2]) == 2

@@ -6,6 +6,7 @@ import pytest
 
 from layers.parallel.pipeline import schedule as ps
 from layers.parallel.pipeline import simulator as sim
+from layers.parallel.pipeline import timeline as tl
 
 
 def test_uniform_stages_match_the_closed_form_step_time():
@@ -13,7 +14,7 @@ def test_uniform_stages_match_the_closed_form_step_time():
     for schedule in ps.CLASSIC:
         p = sim.simulate(schedule, 8, "never", costs)
         assert p.step_time == pytest.approx((8 + 4 - 1) * 0.006)
-        assert p.bubble == pytest.approx(ps.theoretical_bubble(4, 8))
+        assert p.bubble == pytest.approx(tl.theoretical_bubble(4, 8))
         p = sim.simulate(schedule, 8, "always", costs)
         assert p.step_time == pytest.approx((8 + 4 - 1) * 0.008)
 
@@ -24,7 +25,7 @@ def test_the_slowest_stage_sets_the_pace():
     # 16 micro-batches through the slow stage (3 ms + 6 ms each) plus filling and draining through the
     # fast one: the fast stage's first forward and last backward.
     assert p.step_time == pytest.approx(16 * 0.009 + 0.001 + 0.002)
-    assert p.bubble > ps.theoretical_bubble(2, 16)
+    assert p.bubble > tl.theoretical_bubble(2, 16)
 
 
 def test_transfers_lengthen_the_step():
@@ -75,13 +76,13 @@ def test_every_schedule_from_one_set_of_costs():
     """Equal unit costs (F 2 ms, B 4 ms = I 2 + W 2): the closed forms, interleaving's chunks included."""
     costs = sim.StageCosts.given([0.002] * 4, [0.004] * 4)
     want = {
-        "fill_drain": ps.theoretical_bubble(4, 8),
-        "one_f_one_b": ps.theoretical_bubble(4, 8),
+        "fill_drain": tl.theoretical_bubble(4, 8),
+        "one_f_one_b": tl.theoretical_bubble(4, 8),
         "zb_h1": 3 / 27,
     }
     for name, bubble in want.items():
         assert sim.simulate(name, 8, "never", costs).bubble == pytest.approx(bubble, abs=1e-9)
     p = sim.simulate("interleaved_1f1b", 8, "never", costs.chunked(2), virtual_stages=2)
-    assert p.bubble == pytest.approx(ps.theoretical_bubble(4, 8, 2), abs=1e-9)
+    assert p.bubble == pytest.approx(tl.theoretical_bubble(4, 8, 2), abs=1e-9)
     assert p.summary()["virtual_stages"] == 2
     assert p.step_time < sim.simulate("one_f_one_b", 8, "never", costs).step_time
