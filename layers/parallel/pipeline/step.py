@@ -9,7 +9,7 @@ gradients and the weight sums from it.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import tensorflow as tf
 
@@ -17,11 +17,25 @@ from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
 from layers.parallel.pipeline import memory, output_grad, segment, weight_cut
 from layers.parallel.pipeline import schedule as schedules
-from layers.parallel.pipeline.segment import TapedSegment
+from layers.parallel.pipeline.segment import Segment, TapedSegment
+from layers.parallel.pipeline.stage_mesh import StageMeshes
 from params.errors import ConfigError
 
-if TYPE_CHECKING:
-    from layers.parallel.pipeline.executor import PipelineExecutor
+
+class Pipeline(Protocol):
+    """What a ``Step`` reads of its pipeline (``executor.PipelineExecutor`` is one)."""
+
+    path: str
+    schedule: schedules.Schedule
+    stages: list[list[Segment]]
+    devices: list[str | None]
+    remat: list[bool]
+    ctx: FPropContext
+    has_head: bool
+    meshes: StageMeshes
+    batch_dim: int
+    in_step: bool
+    splits_weights: bool
 
 
 @dataclasses.dataclass
@@ -43,7 +57,7 @@ class Step:
 
     def __init__(
         self,
-        ex: PipelineExecutor,
+        ex: Pipeline,
         ins: list[list[tf.Tensor]],
         structure: Any,
         heads: list[list[tf.Tensor]],
