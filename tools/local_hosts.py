@@ -171,9 +171,28 @@ class Hosts:
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "address", "add", f"{self.address(i)}/24", "dev", inner)
             _ip("-n", ns, "link", "set", inner, "up")
-            if self.link_mbit is not None:
-                _run(["ip", "netns", "exec", ns, *tbf(inner, self.link_mbit)])
-                _run(tbf(ns, self.link_mbit))
+        if self.link_mbit is not None:
+            self.set_rate(self.link_mbit)
+
+    def set_rate(self, link_mbit: float | None) -> None:
+        """Every link limited to ``link_mbit`` Mbit/s in each direction from now on (None: no limit)."""
+        if link_mbit is not None and not link_mbit > 0:
+            raise ValueError(f"link_mbit must be > 0, got {link_mbit}")
+        for i in range(self.count):
+            ns, inner = self.name(i), f"{self.tag}n{i}"
+            if link_mbit is None:
+                for prefix in (["ip", "netns", "exec", ns], []):
+                    subprocess.run([*prefix, "tc", "qdisc", "del", "dev", inner if prefix else ns, "root"],
+                                   capture_output=True, timeout=30)  # fmt: skip
+            else:
+                _run(["ip", "netns", "exec", ns, *tbf(inner, link_mbit)])
+                _run(tbf(ns, link_mbit))
+        self.link_mbit = link_mbit
+
+    def link_bytes(self, i: int) -> int:
+        """Bytes host ``i``'s link has carried so far, both directions (its bridge end's counters)."""
+        stats = Path("/sys/class/net") / self.name(i) / "statistics"
+        return sum(int((stats / f"{way}_bytes").read_text()) for way in ("rx", "tx"))
 
     def command(self, i: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run on host ``i`` (in its namespace)."""
