@@ -16,12 +16,13 @@ For each link rate (``--rates``: 100, 1000 and 10000 Mbit/s each way, and ``unli
 ``bytes_per_step`` is what crossed host 0's link in the best step, both directions, headers included.
 
 ``predicted_step_s`` is ``layers/parallel/pipeline/network.py``'s, at the measured link rate, from
-costs measured in the same run without any network (the root namespace, one core, one intra-op
-thread): the pipeline's from one stage's layers at the micro-batch size (forward; forward and
-backward), through the simulator with the link; the replicas' from one replica's whole step on half
-the batch, plus the ring all-reduce of the gradient. Then ``network_crossover_mbit``: the rate below
-which the pipeline's step is the shorter, predicted (the model's, bisected) and measured (interpolated
-in log rate between the measured points). Lines carry the 1-minute load average.
+costs measured without any network in the same rounds as that rate's steps (``Costs``: the root
+namespace, one core, one intra-op thread, the best of the rounds): the pipeline's from one stage's
+layers at the micro-batch size (forward; forward and backward), through the simulator with the
+link; the replicas' from one replica's whole step on half the batch, plus the ring all-reduce of the
+gradient. Then ``network_crossover_mbit``: the rate below which the pipeline's step is the shorter,
+predicted (the model's, bisected, from the best costs of all rounds) and measured (interpolated in
+log rate between the measured points). Lines carry the 1-minute load average.
 
 ``--quick`` (a smoke test: 4 layers of width 128, batch 256, M=4, rates 20 and unlimited, 2 rounds;
 the figures mean little). Where hosts cannot be made (not root, no ``ip``/``tc``), one line
@@ -165,25 +166,54 @@ def measure_link(hosts: Any, seconds: float) -> float:
             receiver.wait()
 
 
-def _costs(args: argparse.Namespace, cpus: list[int]) -> dict[str, float]:
-    """The network-free costs: one stage's layers at the micro-batch size (forward; forward and
-    backward), one replica's step on half the batch; best of ``--steps`` rounds, one core each."""
-    base = dict(width=args.width, activation="relu", warmup=args.warmup, measure="time", model="plain")
-    base.update(cpus=cpus[:1], intra_op_threads=1, inter_op_threads=1, logical_devices=1)
-    base.update(stages=1, micro_batches=1, remat="never")
-    stage = dict(base, depth=args.depth // 2, batch=args.batch // args.micro_batches)
-    specs = {
-        "stage_forward": dict(stage, step="forward"),
-        "stage_gradients": dict(stage, step="gradients"),
-        "replica": dict(base, depth=args.depth, batch=args.batch // 2),
-    }
-    t = harness.interleaved("gpipe", specs, args.steps, shared=args.quick)
-    forward = t["stage_forward"]["best"]
-    return {
-        "forward": forward,
-        "backward": max(0.0, t["stage_gradients"]["best"] - forward),
-        "replica": t["replica"]["best"],
-    }
+class Costs:
+    """The network-free costs, measured in the root namespace on one core with one intra-op thread,
+    in the same rounds as the placements' steps (so both see the same machine load): one stage's layers
+    at the micro-batch size (forward; forward and backward) and one replica's step on half the batch.
+    Under ``--quick`` the three share one worker process."""
+
+    SIDES = ("stage_forward", "stage_gradients", "replica")
+
+    def __init__(self, args: argparse.Namespace, cpus: list[int]) -> None:
+        base = dict(width=args.width, activation="relu", warmup=args.warmup, measure="time", model="plain")
+        base.update(cpus=cpus[:1], intra_op_threads=1, inter_op_threads=1, logical_devices=1)
+        base.update(stages=1, micro_batches=1, remat="never")
+        stage = dict(base, depth=args.depth // 2, batch=args.batch // args.micro_batches)
+        specs = {
+            "stage_forward": dict(stage, step="forward"),
+            "stage_gradients": dict(stage, step="gradients"),
+            "replica": dict(base, depth=args.depth, batch=args.batch // 2),
+        }
+        self.shared = args.quick
+        if self.shared:
+            group = {k: v for k, v in base.items() if k in harness.PROCESS_SETTINGS}
+            self.workers = {"all": harness.Worker("gpipe", {**group, "sides": specs})}
+        else:
+            self.workers = {side: harness.Worker("gpipe", spec) for side, spec in specs.items()}
+
+    def ready(self) -> None:
+        for worker in self.workers.values():
+            worker.read()
+
+    def round(self) -> dict[str, float]:
+        """One step of each side: their seconds."""
+        if self.shared:
+            return {side: self.workers["all"].ask(f"step {side}")["step_s"] for side in self.SIDES}
+        return {side: self.workers[side].step() for side in self.SIDES}
+
+    @staticmethod
+    def best(rounds: list[dict[str, float]]) -> dict[str, float]:
+        """The model's costs from the best step of each side over ``rounds``."""
+        forward = min(r["stage_forward"] for r in rounds)
+        return {
+            "forward": forward,
+            "backward": max(0.0, min(r["stage_gradients"] for r in rounds) - forward),
+            "replica": min(r["replica"] for r in rounds),
+        }
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
 
 
 def _predictions(args: argparse.Namespace, costs: dict[str, float]) -> tuple[Any, Any]:
@@ -214,8 +244,8 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
     from layers.parallel.pipeline import network
     from tools import local_cluster, local_hosts
 
-    costs = _costs(args, cpus)
-    pipeline_s, replicas_s = _predictions(args, costs)
+    cost_workers = Costs(args, cpus)
+    every_round: list[dict[str, float]] = []
     dense = dict(width=args.width, depth=args.depth, batch=args.batch, activation="relu")
     dense.update(warmup=args.warmup, measure="time", system_allocator=True)
     measured: dict[str, list[tuple[float, float]]] = {"pipeline": [], "replicas": []}
@@ -262,11 +292,14 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
             for group in workers.values():
                 for worker in group:
                     worker.read()  # ready
+            cost_workers.ready()
             for rate in args.rates:
                 hosts.set_rate(rate)
                 link_mbit = measure_link(hosts, args.link_test_s)
                 best: dict[str, tuple[float, int]] = {}
+                rounds = []
                 for _ in range(args.steps):
+                    rounds.append(cost_workers.round())
                     for placement, group in workers.items():
                         before = hosts.link_bytes(0)
                         for worker in group:
@@ -277,6 +310,8 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
                         moved = hosts.link_bytes(0) - before
                         if placement not in best or step_s < best[placement][0]:
                             best[placement] = (step_s, moved)
+                every_round += rounds
+                pipeline_s, replicas_s = _predictions(args, Costs.best(rounds))
                 for placement, (step_s, moved) in best.items():
                     predict = pipeline_s if placement == "pipeline" else replicas_s
                     predicted = predict(link_mbit)
@@ -288,6 +323,7 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
                         error=round(abs(predicted - step_s) / step_s, 4),
                     )  # fmt: skip
         finally:
+            cost_workers.close()
             for group in workers.values():
                 for worker in group:
                     worker.close()
@@ -302,7 +338,8 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
     crossing = network.interpolated_crossover(
         rates, [s for _, s in measured["pipeline"]], [s for _, s in measured["replicas"]]
     )
-    predicted = network.crossover_mbit(pipeline_s, replicas_s)
+    costs = Costs.best(every_round)
+    predicted = network.crossover_mbit(*_predictions(args, costs))
     _line(
         "network_crossover_mbit",
         predicted=None if predicted is None else round(predicted, 1),
