@@ -351,11 +351,15 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
 
 
 def _rates(text: str) -> list[float | None]:
+    error = ValueError(f"--rates={text!r}: expected Mbit/s > 0 or 'unlimited', comma-separated")
     rates: list[float | None] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        rates.append(None if part == "unlimited" else float(part))
+        try:
+            rates.append(None if part == "unlimited" else float(part))
+        except ValueError:
+            raise error from None
     if not rates or any(r is not None and not r > 0 for r in rates):
-        raise ValueError(f"--rates={text!r}: expected Mbit/s > 0 or 'unlimited', comma-separated")
+        raise error
     return rates
 
 
