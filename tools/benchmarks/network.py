@@ -20,9 +20,12 @@ costs measured without any network in the same rounds as that rate's steps (``Co
 namespace, one core, one intra-op thread, the best of the rounds): the pipeline's from one stage's
 layers at the micro-batch size (forward; forward and backward), through the simulator with the
 link; the replicas' from one replica's whole step on half the batch, plus the ring all-reduce of the
-gradient. Then ``network_crossover_mbit``: the rate below which the pipeline's step is the shorter,
-predicted (the model's, bisected, from the best costs of all rounds) and measured (interpolated in
-log rate between the measured points). Lines carry the 1-minute load average.
+gradient; each with ``host_mbit``, the hosts' own work per byte (gRPC's copies and serialization, the
+ring's sums: ``Link.host_mbit``), fitted for each placement on its step over the unlimited link
+(``host_fitted_here``: that line's prediction is the fit, not a test of the model; without an
+unlimited rate in ``--rates``, none). Then ``network_crossover_mbit``: the rate below which the
+pipeline's step is the shorter, predicted (the model's, bisected, from the best costs of all rounds)
+and measured (interpolated in log rate between the measured points). Lines carry the 1-minute load average.
 
 ``--quick`` (a smoke test: 4 layers of width 128, batch 256, M=4, rates 20 and unlimited, 2 rounds;
 the figures mean little). Where hosts cannot be made (not root, no ``ip``/``tc``), one line
@@ -216,24 +219,25 @@ class Costs:
             worker.close()
 
 
-def _predictions(args: argparse.Namespace, costs: dict[str, float]) -> tuple[Any, Any]:
-    """The model's step seconds of each placement as functions of the link rate (Mbit/s)."""
+def _models(args: argparse.Namespace, costs: dict[str, float]) -> dict[str, Any]:
+    """The model's step seconds of each placement, as functions of the link rate (Mbit/s) and the
+    hosts' own rate (``Link.host_mbit``; None: free)."""
     from layers.parallel.pipeline import network, simulator
 
     stage_costs = simulator.StageCosts.given([costs["forward"]] * 2, [costs["backward"]] * 2)
     handoff = args.batch // args.micro_batches * args.width * 4
     gradient = args.depth * (args.width * args.width + args.width) * 4
 
-    def pipeline(rate: float) -> float:
-        link = network.Link(rate)
+    def pipeline(rate: float, host: float | None) -> float:
+        link = network.Link(rate, host_mbit=host)
         return simulator.simulate(
             "fill_drain", args.micro_batches, "never", stage_costs, 1, link, handoff
         ).step_time
 
-    def replicas(rate: float) -> float:
-        return network.replicas_step(costs["replica"], gradient, 2, network.Link(rate))
+    def replicas(rate: float, host: float | None) -> float:
+        return network.replicas_step(costs["replica"], gradient, 2, network.Link(rate, host_mbit=host))
 
-    return pipeline, replicas
+    return {"pipeline": pipeline, "replicas": replicas}
 
 
 def _line(name: str, **fields: Any) -> None:
@@ -248,7 +252,7 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
     every_round: list[dict[str, float]] = []
     dense = dict(width=args.width, depth=args.depth, batch=args.batch, activation="relu")
     dense.update(warmup=args.warmup, measure="time", system_allocator=True)
-    measured: dict[str, list[tuple[float, float]]] = {"pipeline": [], "replicas": []}
+    results: list[tuple[float | None, float, str, float, int, dict[str, float]]] = []
     with local_hosts.Hosts(2) as hosts:
         ports = local_cluster.free_ports(5)
         stage_addresses = [f"{hosts.address(k)}:{ports[k]}" for k in range(2)]
@@ -311,17 +315,8 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
                         if placement not in best or step_s < best[placement][0]:
                             best[placement] = (step_s, moved)
                 every_round += rounds
-                pipeline_s, replicas_s = _predictions(args, Costs.best(rounds))
                 for placement, (step_s, moved) in best.items():
-                    predict = pipeline_s if placement == "pipeline" else replicas_s
-                    predicted = predict(link_mbit)
-                    measured[placement].append((link_mbit, step_s))
-                    _line(
-                        "network_step", placement=placement, link_mbit=rate, step_s=round(step_s, 4),
-                        predicted_step_s=round(predicted, 4), bytes_per_step=moved,
-                        measured_link_mbit=round(link_mbit, 1),
-                        error=round(abs(predicted - step_s) / step_s, 4),
-                    )  # fmt: skip
+                    results.append((rate, link_mbit, placement, step_s, moved, Costs.best(rounds)))
         finally:
             cost_workers.close()
             for group in workers.values():
@@ -334,12 +329,33 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
                 except subprocess.TimeoutExpired:
                     stage_proc.kill()
                     stage_proc.wait()
-    rates = [r for r, _ in measured["pipeline"]]
+    # The hosts' own rate of each placement, fitted on its step over the unlimited link (if run).
+    host: dict[str, float | None] = {"pipeline": None, "replicas": None}
+    for rate, link_mbit, placement, step_s, _, costs in results:
+        if rate is None:
+            model = _models(args, costs)[placement]
+            host[placement] = network.fit_host_mbit(lambda h: model(link_mbit, h), step_s)  # noqa: B023
+    steps: dict[str, list[tuple[float, float]]] = {"pipeline": [], "replicas": []}
+    for rate, link_mbit, placement, step_s, moved, costs in results:
+        predicted = _models(args, costs)[placement](link_mbit, host[placement])
+        steps[placement].append((link_mbit, step_s))
+        _line(
+            "network_step", placement=placement, link_mbit=rate, step_s=round(step_s, 4),
+            predicted_step_s=round(predicted, 4), bytes_per_step=moved,
+            measured_link_mbit=round(link_mbit, 1), error=round(abs(predicted - step_s) / step_s, 4),
+            host_mbit=None if host[placement] is None else round(host[placement], 1),
+            host_fitted_here=rate is None,
+        )  # fmt: skip
     crossing = network.interpolated_crossover(
-        rates, [s for _, s in measured["pipeline"]], [s for _, s in measured["replicas"]]
+        [r for r, _ in steps["pipeline"]],
+        [s for _, s in steps["pipeline"]],
+        [s for _, s in steps["replicas"]],
     )
     costs = Costs.best(every_round)
-    predicted = network.crossover_mbit(*_predictions(args, costs))
+    models = _models(args, costs)
+    predicted = network.crossover_mbit(
+        lambda r: models["pipeline"](r, host["pipeline"]), lambda r: models["replicas"](r, host["replicas"])
+    )
     _line(
         "network_crossover_mbit",
         predicted=None if predicted is None else round(predicted, 1),
@@ -347,6 +363,7 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
         stage_forward_s=round(costs["forward"], 5),
         stage_backward_s=round(costs["backward"], 5),
         replica_compute_s=round(costs["replica"], 4),
+        host_mbit={k: None if v is None else round(v, 1) for k, v in host.items()},
     )
 
 

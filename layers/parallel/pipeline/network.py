@@ -12,6 +12,8 @@ without a limit (no cost but the latency).
   gradient bytes, in 2(N - 1) messages (``allreduce_seconds``), after the step's gradients are done
   (``replicas_step``).
 - ``crossover_mbit``: the link rate below which the pipeline's step is the shorter of the two.
+- ``Link.host_mbit``: the hosts' own work per byte, e.g. fitted on a step over an unlimited link
+  (``fit_host_mbit``).
 """
 
 from __future__ import annotations
@@ -25,20 +27,28 @@ from layers.parallel.pipeline import schedule as schedules
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """A link's rate (Mbit/s of payload in each direction; None: no limit) and one-way latency (s)."""
+    """A link's rate (Mbit/s of payload in each direction; None: no limit) and one-way latency (s).
+
+    ``host_mbit`` (None: free) is the rate at which the hosts' own software moves a message's bytes
+    (copies, serialization, a ring's sums: work on the hosts' cores, which no link rate removes);
+    each byte then takes 1 / rate + 1 / host_mbit. ``fit_host_mbit`` finds it from one measured step."""
 
     rate_mbit: float | None = None
     latency_s: float = 0.0
+    host_mbit: float | None = None
 
     def __post_init__(self) -> None:
-        if self.rate_mbit is not None and not self.rate_mbit > 0:
-            raise ValueError(f"Link.rate_mbit must be > 0 (or None: no limit), got {self.rate_mbit}")
+        for name in ("rate_mbit", "host_mbit"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Link.{name} must be > 0 (or None: no limit), got {value}")
         if not self.latency_s >= 0:
             raise ValueError(f"Link.latency_s must be >= 0 seconds, got {self.latency_s}")
 
     def busy_seconds(self, num_bytes: float) -> float:
         """How long ``num_bytes`` occupy the link (no latency)."""
-        return 0.0 if self.rate_mbit is None else num_bytes * 8 / (self.rate_mbit * 1e6)
+        per_bit = sum(1 / (r * 1e6) for r in (self.rate_mbit, self.host_mbit) if r is not None)
+        return num_bytes * 8 * per_bit
 
     def seconds(self, num_bytes: float) -> float:
         """One message of ``num_bytes``: latency + bytes / rate."""
@@ -161,3 +171,19 @@ def interpolated_crossover(
             share = -g0 / (g1 - g0)
             return math.exp(math.log(r0) + share * (math.log(r1) - math.log(r0)))
     return None
+
+
+def fit_host_mbit(step_s: Callable[[float | None], float], measured_s: float) -> float | None:
+    """The ``host_mbit`` at which the model's step (``step_s(host_mbit)``) equals a measured one; None
+    when the measured step is no longer than the model's without any host cost. Bisection on the
+    rate's logarithm (0.01 Mbit/s to 10 Tbit/s)."""
+    if measured_s <= step_s(None):
+        return None
+    lo, hi = math.log(1e-2), math.log(1e7)  # slow hosts: long steps; fast: short
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if step_s(math.exp(mid)) > measured_s:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)

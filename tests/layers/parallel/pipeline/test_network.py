@@ -82,3 +82,14 @@ def test_a_deadlocked_order_is_an_error():
     cost = {kind: [0.1, 0.1] for kind in schedule.KINDS}
     with pytest.raises(schedule.ScheduleError, match="deadlocks"):
         network.timeline(orders, cost, network.Link(10), 1000)
+
+
+def test_the_hosts_own_work_per_byte_adds_to_the_rate_and_is_fitted_back():
+    link = network.Link(100, host_mbit=400)
+    assert link.busy_seconds(MIB) == pytest.approx(MIB * 8 / 100e6 + MIB * 8 / 400e6)
+
+    def step(host):
+        return network.replicas_step(1.0, 64 * MIB, 2, network.Link(10_000, host_mbit=host))
+
+    assert network.fit_host_mbit(step, step(400.0)) == pytest.approx(400.0, rel=1e-6)
+    assert network.fit_host_mbit(step, step(None)) is None
