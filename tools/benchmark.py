@@ -17,7 +17,7 @@ from trainer import tf_startup
 LIBRARIES = ("harness", "text_input")
 # Benchmarks whose driver only starts and reads processes (each worker imports TensorFlow itself):
 # their driver skips the import, about 3 s of CPU per run. The others run TensorFlow in the driver.
-PROCESS_ONLY_DRIVERS = ("gpipe", "local", "multiworker", "remote", "schedules")
+PROCESS_ONLY_DRIVERS = ("gpipe", "local", "multiworker", "network", "remote", "schedules")
 
 
 def available() -> list[str]:

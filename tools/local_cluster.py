@@ -5,6 +5,14 @@
     python -m tools.local_cluster --workers=2 --model=... --logdir=... -- --params_override='...'
     python -m tools.local_cluster --mesh --workers=2 --model=lm.synthetic.MeshTransformerLM --logdir=runs/m
     python -m tools.local_cluster --stages=2 --model=image.digits.GPipeConvNet --logdir=runs/remote
+    python -m tools.local_cluster --hosts=3 --link_mbit=1000 --stages=2 --model=... --logdir=...
+
+``--hosts=N`` (root, ``ip`` and ``tc``: docs/cluster.md): the tasks run on N hosts apart, network
+namespaces joined to one bridge (``tools/local_hosts.py``), in order (the stage tasks, then the
+trainer; else as listed below) round-robin, so N equal to the number of tasks gives each its own host.
+``--link_mbit=R`` limits each host's link to R Mbit/s in each direction. The namespaces, links and
+bridge are removed when the tool ends (also on Ctrl-C), and what a killed run left is removed by the
+next start with ``--hosts``, which says so.
 
 ``--stages=K``: a cross-process pipeline (docs/parallelism/remote.md): K stage tasks
 (``--mode=stages``) and the trainer (``--mode=train``, every job of the run), all with
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import shlex
 import signal
@@ -35,6 +44,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from tools import local_hosts
 
 HOST = "127.0.0.1"
 
@@ -48,6 +59,7 @@ class Task:
     command: list[str]
     server: bool = False  # async trainers and ps serve until stopped
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    host: int | None = None  # with --hosts: the host (namespace) it runs on
 
     @property
     def name(self) -> str:
@@ -100,11 +112,18 @@ def tasks(
 STAGE_JOB_OVERRIDE = "cluster.stage_job : 'worker'"
 
 
-def stage_tasks(stages: int, trainer_flags: Sequence[str], python: str = sys.executable) -> list[Task]:
-    """The trainer and ``stages`` stage tasks of a cross-process pipeline, with their command lines."""
+def stage_tasks(
+    stages: int, trainer_flags: Sequence[str], python: str = sys.executable, controller: bool = False
+) -> list[Task]:
+    """The trainer and ``stages`` stage tasks of a cross-process pipeline, with their command lines.
+    ``controller``: the spec names the trainer's own address too (``controller=``), for stage tasks
+    on other hosts (else they reach the trainer as localhost)."""
     if stages < 1:
         raise ValueError(f"--stages must be >= 1, got {stages}")
-    spec = "worker=" + ",".join(f"{HOST}:{p}" for p in free_ports(stages))
+    ports = free_ports(stages + int(controller))
+    spec = "worker=" + ",".join(f"{HOST}:{p}" for p in ports[:stages])
+    if controller:
+        spec = f"controller={HOST}:{ports[-1]}@{spec}"
     flags = with_override(trainer_flags, STAGE_JOB_OVERRIDE)
     base = [python, "-m", "trainer", f"--cluster_spec={spec}"]
     trainer = Task("trainer", 0, [*base, *flags])
@@ -126,6 +145,47 @@ def with_override(flags: Sequence[str], override: str) -> list[str]:
     return [*out, "--params_override=" + "; ".join([*texts, override])]
 
 
+def _spec_job(task: Task) -> str:
+    return "worker" if task.job == "stage" else task.job
+
+
+def place(cluster: list[Task], hosts: local_hosts.Hosts) -> None:
+    """Puts ``cluster``'s tasks on ``hosts`` round-robin (stage tasks first, the trainer of a
+    cross-process pipeline last) and rewrites every ``--cluster_spec`` with each task's host address."""
+    order = [t for t in cluster if t.job == "stage"] + [t for t in cluster if t.job != "stage"]
+    if hosts.count > len(cluster):
+        raise ValueError(f"--hosts={hosts.count} is more than the cluster's {len(cluster)} tasks")
+    for position, task in enumerate(order):
+        task.host = position % hosts.count
+    where = {(_spec_job(t), t.index): hosts.address(t.host) for t in cluster}
+    if any(t.job == "stage" for t in cluster):  # the pipeline's trainer is its spec's controller
+        where[("controller", 0)] = where[("trainer", 0)]
+    for task in cluster:
+        task.command = [
+            "--cluster_spec=" + _readdressed(a.split("=", 1)[1], where)
+            if a.startswith("--cluster_spec=")
+            else a
+            for a in task.command
+        ]
+
+
+def _readdressed(spec: str, where: dict[tuple[str, int], str]) -> str:
+    jobs = []
+    for part in spec.split("@"):
+        job, addresses = part.split("=", 1)
+        moved = [
+            f"{where.get((job, i), a.rsplit(':', 1)[0])}:{a.rsplit(':', 1)[1]}"
+            for i, a in enumerate(addresses.split(","))
+        ]
+        jobs.append(f"{job}={','.join(moved)}")
+    return "@".join(jobs)
+
+
+def _die_with_parent() -> None:
+    """In a task's process before it starts: the kernel kills it when the tool dies (even by SIGKILL)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _pump(task: Task, lock: threading.Lock) -> None:
     assert task.proc is not None and task.proc.stdout is not None
     for line in task.proc.stdout:
@@ -134,17 +194,26 @@ def _pump(task: Task, lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
-def run(cluster: list[Task], grace_seconds: float) -> int:
-    """Starts every task, relays their output, and returns the cluster's exit status."""
+def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | None = None) -> int:
+    """Starts every task (on ``hosts`` as ``place`` put them), relays their output, and returns the
+    cluster's exit status."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)  # each process gets its cluster from --cluster_spec
     lock = threading.Lock()
     pumps = []
     for task in cluster:
-        print(f"local_cluster: {task.name}: {shlex.join(task.command)}", flush=True)
+        where = "" if hosts is None else f" on {hosts.name(task.host)} ({hosts.address(task.host)})"
+        print(f"local_cluster: {task.name}{where}: {shlex.join(task.command)}", flush=True)
     for task in cluster:
+        command = task.command if hosts is None else hosts.command(task.host, task.command)
         task.proc = subprocess.Popen(
-            task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            preexec_fn=None if hosts is None else _die_with_parent,
         )
         pump = threading.Thread(target=_pump, args=(task, lock), daemon=True)
         pump.start()
@@ -226,6 +295,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="> 0: a cross-process pipeline instead: this many stage tasks and one trainer (--workers, "
         "--ps and --mesh are not used).",
     )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="> 0: run the tasks on this many hosts apart, network namespaces on one bridge (root, ip "
+        "and tc needed); tasks are spread round-robin, stage tasks first.",
+    )
+    parser.add_argument(
+        "--link_mbit",
+        type=float,
+        default=None,
+        help="With --hosts: each host's link limited to this many Mbit/s in each direction (default: "
+        "no limit).",
+    )
     parser.add_argument("--model", required=True, help="Registry key of the experiment.")
     parser.add_argument("--logdir", required=True, help="The run's shared logdir.")
     parser.add_argument(
@@ -247,8 +330,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--stages must be >= 1 and without --ps or --mesh, got {args.stages}, --ps={args.ps}"
                 f"{' and --mesh' if args.mesh else ''}"
             )
-        return run(stage_tasks(args.stages, flags), args.grace_seconds)
-    return run(tasks(args.workers, args.ps, flags, mesh=args.mesh), args.grace_seconds)
+        cluster = stage_tasks(args.stages, flags, controller=bool(args.hosts))
+    else:
+        cluster = tasks(args.workers, args.ps, flags, mesh=args.mesh)
+    if not args.hosts and args.link_mbit is None:
+        return run(cluster, args.grace_seconds)
+    return _run_on_hosts(parser, args, cluster)
+
+
+def _run_on_hosts(parser: argparse.ArgumentParser, args: argparse.Namespace, cluster: list[Task]) -> int:
+    if args.hosts < 1:
+        parser.error(f"--link_mbit needs --hosts >= 1, got --hosts={args.hosts}")
+    if args.hosts > len(cluster):
+        parser.error(f"--hosts={args.hosts} is more than the cluster's {len(cluster)} tasks")
+    if args.link_mbit is not None and not args.link_mbit > 0:
+        parser.error(f"--link_mbit must be > 0, got {args.link_mbit:g}")
+    reason = local_hosts.unavailable()
+    if reason:
+        print(f"local_cluster: error: {reason}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        hosts = local_hosts.Hosts(args.hosts, args.link_mbit)
+    except local_hosts.HostsError as e:
+        print(f"local_cluster: error: cannot make the hosts: {e}", file=sys.stderr, flush=True)
+        return 2
+    with hosts:
+        if hosts.leftovers:
+            print(f"local_cluster: removed what a killed run left: {', '.join(hosts.leftovers)}", flush=True)
+        print(f"local_cluster: {hosts.describe()}", flush=True)
+        place(cluster, hosts)
+        return run(cluster, args.grace_seconds, hosts)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ backward defaults to twice the forward, the recompute to the forward, and the ze
 schedules' input and weight halves of the backward to half the backward each. Interleaving cuts
 each stage into --virtual_stages chunks of equal cost. The model: each
 stage owns its device and runs one op at a time (unless --alone_speedup says a lone stage runs
-faster); --transfer_ms is added to every hand-off between stages. With --png=PREFIX it also writes
+faster); --transfer_ms is added to every hand-off between stages. With --link_mbit the stages are
+hosts joined by links of that rate (layers/parallel/pipeline/network.py): each hand-off of
+--bytes_per_handoff bytes then also takes bytes / rate, one at a time in each direction, while the
+sender goes on with its next unit. With --png=PREFIX it also writes
 PREFIX_<schedule>.png, one row per stage, and with --trace=PREFIX PREFIX_<schedule>.trace.json,
 the simulated step as Chrome/Perfetto trace events.
 """
@@ -22,8 +25,8 @@ import argparse
 import json
 import sys
 
+from layers.parallel.pipeline import network, simulator
 from layers.parallel.pipeline import schedule as schedules
-from layers.parallel.pipeline import simulator
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +54,19 @@ def _parser() -> argparse.ArgumentParser:
         "--backward_weight_ms", default=None, help="zero bubble: weight-gradient time (default half B)"
     )
     p.add_argument("--transfer_ms", type=float, default=0.0, help="time of each hand-off between stages")
+    p.add_argument(
+        "--link_mbit",
+        type=float,
+        default=None,
+        help="stages on hosts joined by links of this rate (Mbit/s each way); --transfer_ms is then "
+        "each hand-off's latency",
+    )
+    p.add_argument(
+        "--bytes_per_handoff",
+        type=float,
+        default=0.0,
+        help="with --link_mbit: bytes of one hand-off (a micro-batch's activation or its gradient)",
+    )
     p.add_argument(
         "--alone_speedup",
         type=float,
@@ -105,17 +121,30 @@ def main(argv: list[str]) -> int:
         names = _schedule_names(args.schedule, k, args.num_micro_batches)
         if args.virtual_stages < 1:
             raise ValueError("--virtual_stages must be >= 1")
+        link = None
+        if args.link_mbit is not None:
+            if args.alone_speedup != 1.0:
+                raise ValueError("--link_mbit puts each stage on its own host: leave --alone_speedup out")
+            if not args.bytes_per_handoff >= 0:
+                raise ValueError(f"--bytes_per_handoff must be >= 0, got {args.bytes_per_handoff:g}")
+            link = network.Link(args.link_mbit)
+        elif args.bytes_per_handoff:
+            raise ValueError("--bytes_per_handoff needs --link_mbit")
     except ValueError as e:
         print(f"pipeline_sim: error: {e}", file=sys.stderr)
         return 2
     for name in names:
         v = args.virtual_stages if name == "interleaved_1f1b" else 1
         try:
-            prediction = simulator.simulate(name, args.num_micro_batches, args.remat, costs.chunked(v), v)
+            prediction = simulator.simulate(
+                name, args.num_micro_batches, args.remat, costs.chunked(v), v, link, args.bytes_per_handoff
+            )
         except schedules.ScheduleError as e:
             print(f"pipeline_sim: error: {e}", file=sys.stderr)
             return 2
         line = prediction.summary()
+        if link is not None:
+            line.update(link_mbit=args.link_mbit, bytes_per_handoff=args.bytes_per_handoff)
         if args.trace:
             from trainer.pipeline_views import trace as pipeline_trace
 

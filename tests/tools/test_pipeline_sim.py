@@ -74,3 +74,17 @@ def test_trace_has_every_unit_each_hand_off_and_the_held_counter(tmp_path):
     assert sum(e["ph"] == "s" for e in trace) == sum(e["ph"] == "f" for e in trace) == 2 * 4
     held = [e["args"]["micro-batches held"] for e in trace if e["ph"] == "C" and e["tid"] == 0]
     assert max(held) == 2 and held[-1] == 0
+
+
+def test_a_link_adds_bytes_over_rate_to_each_hand_off():
+    base = ["--num_stages=2", "--num_micro_batches=8", "--forward_ms=50", "--schedule=fill_drain"]
+    fast = _run(*base)
+    slow = _run(*base, "--link_mbit=100", "--bytes_per_handoff=2097152")
+    assert fast.returncode == 0 and slow.returncode == 0, slow.stderr
+    plain, linked = json.loads(fast.stdout), json.loads(slow.stdout)
+    assert plain["step_time_s"] == 1.35 and "link_mbit" not in plain
+    assert linked["link_mbit"] == 100 and linked["step_time_s"] > 2.9  # 16 hand-offs of 0.168 s, queued
+    bad = _run(*base, "--bytes_per_handoff=10")
+    assert (
+        bad.returncode == 2 and bad.stderr == "pipeline_sim: error: --bytes_per_handoff needs --link_mbit\n"
+    )

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from layers.parallel.pipeline import memory, timeline
+from layers.parallel.pipeline import memory, network, timeline
 from layers.parallel.pipeline import schedule as schedules
 
 DEFAULT_BACKWARD_RATIO = 2.0  # a dense layer's backward is two matmuls of its forward's size
@@ -171,9 +171,13 @@ def simulate(
     remat: str,
     costs: StageCosts,
     virtual_stages: int = 1,
+    link: network.Link | None = None,
+    handoff_bytes: float = 0.0,
 ) -> Prediction:
     """Lays ``schedule`` (a name, or a built Schedule) out with ``costs``, one entry per stage: with
-    virtual stages, K * v entries over ``costs.num_stages // virtual_stages`` devices."""
+    virtual stages, K * v entries over ``costs.num_stages // virtual_stages`` devices. With ``link``,
+    the devices are hosts joined by it: each hand-off of ``handoff_bytes`` costs its latency (plus
+    ``costs.transfer``) and bytes / rate, one at a time on each direction (``network.timeline``)."""
     if isinstance(schedule, schedules.Schedule):
         sched = schedule
     else:
@@ -191,7 +195,13 @@ def simulate(
         schedules.BACKWARD_WEIGHT: costs.backward_weight,
     }
     alone = [costs.alone_speedup] * sched.num_devices
-    evs = timeline.timeline(sched.orders, cost, costs.transfer, alone)
+    if link is None:
+        evs = timeline.timeline(sched.orders, cost, costs.transfer, alone)
+    else:
+        if costs.alone_speedup != 1.0:
+            raise ValueError("simulate: hosts joined by a link share no cores; alone_speedup must be 1")
+        hosts = dataclasses.replace(link, latency_s=link.latency_s + costs.transfer)
+        evs = network.timeline(sched.orders, cost, hosts, handoff_bytes)
     return Prediction(
         schedule=sched.name,
         num_stages=sched.num_devices,
