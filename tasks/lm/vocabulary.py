@@ -65,6 +65,8 @@ def read_lines(path: str, what: str, skip_empty: bool = True) -> list[str]:
         raise ConfigError(f"{what}: no file given")
     if not tf.io.gfile.exists(path):
         raise UserError(f"{what}: file {path!r} does not exist")
+    if tf.io.gfile.isdir(path):
+        raise UserError(f"{what}: {path!r} is a directory, not a text file")
     with tf.io.gfile.GFile(path, "r") as f:
         lines = [line.rstrip("\r\n") for line in f]
     if skip_empty:

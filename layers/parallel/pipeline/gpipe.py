@@ -473,12 +473,18 @@ class GPipeLayer(BaseLayer):
         path = self.params.schedule_file
         if not tf.io.gfile.exists(path):
             raise ConfigError(f"{self.path}: params.schedule_file {path!r} does not exist")
-        with tf.io.gfile.GFile(path) as f:
-            rows = torch_format.read_csv(f.read())
+        if tf.io.gfile.isdir(path):
+            raise ConfigError(f"{self.path}: params.schedule_file {path!r} is a directory, not a CSV file")
         try:
+            with tf.io.gfile.GFile(path) as f:
+                rows = torch_format.read_csv(f.read())
             sched = torch_format.from_actions(rows, name=f"file:{path}")
-        except schedules.ScheduleError as e:
-            raise ConfigError(f"{self.path}: params.schedule_file {path}: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{self.path}: params.schedule_file {path} is not UTF-8 text ({e.reason})"
+            ) from None
+        except (ValueError, tf.errors.OpError) as e:  # ScheduleError, a number past int's digits
+            raise ConfigError(f"{self.path}: params.schedule_file {path}: {str(e)[:200]}") from None
         got = (sched.num_devices, sched.num_stages, sched.num_micro_batches)
         want = (self.num_devices, self.num_stages, num_micro_batches)
         if got != want:
