@@ -159,6 +159,9 @@ class Params:
     def __setattr__(self, name: str, value: Any) -> None:
         self._check_not_frozen(name)
         if name not in self._params:
+            pointer = _lingvo_param_pointer(self, name)
+            if pointer:
+                raise UnknownParamError(f"unknown param {clip(name)}: {pointer}")
             raise self._unknown(name, list(self._params))
         self._params[name].value = value
 
@@ -225,6 +228,9 @@ class Params:
         walked = ""
         for i, (name, indices) in enumerate(segments):
             if name not in node._params:
+                pointer = _lingvo_param_pointer(node, name)
+                if pointer:
+                    raise UnknownParamError(f"unknown param {clip(key)}: {pointer}")
                 raise self._unknown(key, self._all_keys(), local=(walked, name, node.names()))
             if i == len(segments) - 1 and not indices:
                 return node, name
@@ -397,6 +403,16 @@ LINGVO_METHODS = {
     "GetKeys": "names",
     "Instantiate": "instantiate",
 }
+
+
+def _lingvo_param_pointer(p: Params, name: str) -> str | None:
+    """For a param Lingvo's version of ``p``'s class has and this one names otherwise: the class's
+    ``LINGVO_PARAMS[name]``, a line naming the equivalent here."""
+    entry = p.__dict__["_params"].get("cls")
+    pointers = getattr(entry.value, "LINGVO_PARAMS", None) if entry is not None else None
+    if isinstance(pointers, dict) and name in pointers:
+        return f"{name!r} is Lingvo's name; here {pointers[name]}"
+    return None
 
 
 def _lingvo_method_message(class_name: str, name: str) -> str:

@@ -60,6 +60,17 @@ HeadFn = Callable[[FPropContext, Any, Any], Any]
 class GPipeLayer(BaseLayer):
     """Runs ``layers`` (or ``stages``) as a K-stage, M-micro-batch pipeline: ``fprop(ctx, x) -> y``."""
 
+    # Lingvo's names (gpipe.PipeliningLayer, layers_with_gpipe.GPipeTransformerStack) -> the equivalent
+    # here: setting one is an unknown param whose error names it (docs/lingvo.md#gpipe).
+    LINGVO_PARAMS = {
+        "cell_tpl": "'stages' takes one layer Params per stage (or 'layers' cut into num_stages)",
+        "splits": "'split_points' (the first layer of stages 1..K-1: splits=[2, 4] is split_points=[2]), "
+        "or 'num_stages' for splits=K",
+        "before_tpl": "layers before the pipeline are the task's own, outside this layer (or put them in "
+        "the first stage's layers)",
+        "state_dtype": "none is needed: the hand-offs between stages keep each stage's output dtype",
+    }
+
     @classmethod
     def Params(cls) -> InstantiableParams:
         p = super().Params()
