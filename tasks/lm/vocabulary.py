@@ -10,6 +10,7 @@ vocabulary; SentencePiece models are trained with these four ids, see ``tools.vo
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
@@ -45,6 +46,15 @@ def vocab_params(size: int = 0, file: str = "", level: str = "word", type: str =
         "level", level, "built: word (split on whitespace) or char (every character; a space is a token)."
     )
     return p
+
+
+def unused_level_marked(params_text: str) -> str:
+    """Params text whose sentencepiece ``vocab`` says its ``level`` line is unused (the tokens are the
+    model's pieces; ``level`` is read only by a built vocabulary)."""
+    if "vocab.type : 'sentencepiece'" not in params_text:
+        return params_text
+    note = r"\1  # unused: a sentencepiece vocabulary's tokens are its pieces"
+    return re.sub(r"^((?:.*\.)?vocab\.level : .*)$", note, params_text, flags=re.M)
 
 
 def experiment_vocab(level: str, size: int, model_file: str, text_files: str) -> Params:
