@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from trainer.train_step import TrainStep
 
 CLIENT = "trainer"  # how the client process is named in the bytes report
-LOCAL_CLIENT_JOB = "localhost"  # the client's job when --cluster_spec names no controller
+LOCAL_CLIENT_JOB = roles.LOCAL_CLIENT_JOB  # the client's job when --cluster_spec names no controller
 
 
 @dataclasses.dataclass(frozen=True)
