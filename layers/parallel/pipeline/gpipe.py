@@ -445,9 +445,10 @@ class GPipeLayer(BaseLayer):
         )
         num_params = [x.num_parameters() for x in self._layers]
         names = [x.params.name for x in self._layers]
-        return partition.format_report(
-            title, names, self._bounds, self.stage_devices, num_params, self._costs
-        )
+        devices = self.stage_devices
+        if self._meshes:  # a stage's device is its mesh's
+            devices = [_mesh_text(self._meshes[s % len(self._meshes)]) for s in range(self.num_stages)]
+        return partition.format_report(title, names, self._bounds, devices, num_params, self._costs)
 
     # --------------------------------------------------------------------------------- inspection
     @property
@@ -772,6 +773,12 @@ def gpipe_params_in(p: Params) -> list[InstantiableParams]:
 
     visit(p)
     return found
+
+
+def _mesh_text(mesh: mesh_lib.DeviceMesh) -> str:
+    """``CPU:2,CPU:3 (model=2)``: a stage mesh's devices and axes, for the partition table."""
+    devices = [str(d).rsplit("/device:", 1)[-1] for d in mesh.mesh.local_devices()]
+    return f"{','.join(devices)} ({mesh.describe()})"
 
 
 def clear_stage_meshes(node: Params) -> None:
