@@ -159,6 +159,9 @@ class Params:
     def __setattr__(self, name: str, value: Any) -> None:
         self._check_not_frozen(name)
         if name not in self._params:
+            pointer = _lingvo_param_pointer(self, name)
+            if pointer:
+                raise UnknownParamError(f"unknown param {clip(name)}: {pointer}")
             raise self._unknown(name, list(self._params))
         self._params[name].value = value
 
@@ -225,6 +228,9 @@ class Params:
         walked = ""
         for i, (name, indices) in enumerate(segments):
             if name not in node._params:
+                pointer = _lingvo_param_pointer(node, name)
+                if pointer:
+                    raise UnknownParamError(f"unknown param {clip(key)}: {pointer}")
                 raise self._unknown(key, self._all_keys(), local=(walked, name, node.names()))
             if i == len(segments) - 1 and not indices:
                 return node, name
@@ -399,6 +405,16 @@ LINGVO_METHODS = {
 }
 
 
+def _lingvo_param_pointer(p: Params, name: str) -> str | None:
+    """For a param Lingvo's version of ``p``'s class has and this one names otherwise: the class's
+    ``LINGVO_PARAMS[name]``, a line naming the equivalent here."""
+    entry = p.__dict__["_params"].get("cls")
+    pointers = getattr(entry.value, "LINGVO_PARAMS", None) if entry is not None else None
+    if isinstance(pointers, dict) and name in pointers:
+        return f"{name!r} is Lingvo's name; here {pointers[name]}"
+    return None
+
+
 def _lingvo_method_message(class_name: str, name: str) -> str:
     snake = LINGVO_METHODS[name]
     call = f"p.{snake}" if snake == "is_frozen" else f"p.{snake}(...)"
@@ -410,11 +426,40 @@ def _lingvo_method_message(class_name: str, name: str) -> str:
 
 def build_from_text(text: str, source: str = "params text") -> Params:
     """A Params tree holding exactly the values of ``text`` (``params.text_tree`` says how it is read):
-    a group with a ``cls : type/module/Name`` line is an InstantiableParams of that class."""
+    a group with a ``cls : type/module/Name`` line is an InstantiableParams of that class, and its
+    bool, int, float and str values are checked against that class's defaults (ConfigError: 2.5 for
+    an int, 'four' for a number)."""
     return _from_tree(text_tree.nest(text, source), source)
 
 
-def _from_tree(tree: dict, source: str) -> Params:
+_SCALARS = (bool, int, float, str)
+
+
+def _check_against_class(p: InstantiableParams, source: str, prefix: str) -> None:
+    """``p``'s scalar values, each of its class's default's type (ints taken as floats)."""
+    make = getattr(p.cls, "Params", None)
+    if not callable(make):
+        return
+    try:
+        defaults = make()
+    except Exception:  # noqa: BLE001 (a class whose Params() needs more than itself: nothing to check)
+        return
+    if not isinstance(defaults, Params):
+        return
+    for name, param in p._params.items():
+        if name == "cls" or name not in defaults._params or param.value is None:
+            continue
+        default = defaults._params[name].value
+        if default is None:
+            default = defaults._params[name].proto
+        if type(default) in _SCALARS:
+            try:
+                param.value = coerce_value(prefix + name, param.value, default)
+            except ConfigError as e:
+                raise ConfigError(f"{source}: {e}") from None
+
+
+def _from_tree(tree: dict, source: str, prefix: str = "") -> Params:
     cls_entry = tree.get("cls")
     if isinstance(cls_entry, tuple) and isinstance(cls_entry[1], type):
         p: Params = InstantiableParams(cls_entry[1])
@@ -430,10 +475,12 @@ def _from_tree(tree: dict, source: str) -> Params:
             items = entry["[]"]
             if sorted(items) != list(range(len(items))):
                 raise ConfigError(f"{source}: {name!r} lists elements {sorted(items)}, not 0..n-1")
-            value = [_from_tree(items[i], source) for i in range(len(items))]
+            value = [_from_tree(items[i], source, f"{prefix}{name}[{i}].") for i in range(len(items))]
         else:
-            value = _from_tree(entry, source)
+            value = _from_tree(entry, source, f"{prefix}{name}.")
         p.define(name, value, "")
+    if isinstance(p, InstantiableParams):
+        _check_against_class(p, source, prefix)
     return p
 
 

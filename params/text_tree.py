@@ -84,8 +84,9 @@ def nest(text: str, source: str = "params text") -> dict:
 
 
 def diff(a: Lines, b: Lines) -> list[str]:
-    """Lingvo's TextDiff marks, one line per key: ``- key : v`` only in a, ``+ key : v`` only in b,
-    ``< key : old`` and ``> key : new`` where the values differ. Sorted by key; [] when equal."""
+    """One line per key, as ``diff`` marks an old and a new file: ``- key : v`` only in a, ``+ key : v``
+    only in b, ``< key : old`` and ``> key : new`` where the values differ. Sorted by key; [] when
+    equal. (Lingvo's TextDiff marks the other way round: ``lingvo_diff``.)"""
     lines = []
     for key in sorted(set(a) | set(b)):
         if key not in b:
@@ -95,4 +96,17 @@ def diff(a: Lines, b: Lines) -> list[str]:
         elif a[key] != b[key]:
             lines.append(f"< {key} : {a[key]}")
             lines.append(f"> {key} : {b[key]}")
+    return lines
+
+
+def lingvo_diff(a: Lines, b: Lines) -> list[str]:
+    """Lingvo's TextDiff marks (``a.TextDiff(b)``), one line per key: ``> key : v`` a's value (a key
+    only in a, or a's side of a change), ``< key : v`` b's (only in b, or b's side). Sorted by key, a
+    change as its ``>`` line then its ``<`` line; [] when equal."""
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key in a and (key not in b or a[key] != b[key]):
+            lines.append(f"> {key} : {a[key]}")
+        if key in b and (key not in a or a[key] != b[key]):
+            lines.append(f"< {key} : {b[key]}")
     return lines

@@ -81,6 +81,10 @@ class BaseInput:
         """What ``--mode=inspect_datasets`` shows of the data beside the Params (default: nothing)."""
         return ""
 
+    def notes(self) -> list[str]:
+        """Lines the trainer prints at its start about what it read of the data (default: none)."""
+        return []
+
     def files_to_keep(self) -> list[str]:
         """Files the run needs that its checkpoints do not hold; the trainer copies them into the logdir
         beside params.txt (``tools.export`` uses the copy when the original has moved). Default: the

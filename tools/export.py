@@ -66,7 +66,7 @@ def read_run_params(logdir: str) -> Params:
     try:
         return Params.from_text(text, source=path)
     except ConfigError as e:
-        raise UserError(f"cannot read {path}: {e}") from None
+        raise UserError(str(e) if str(e).startswith(path) else f"cannot read {path}: {e}") from None
 
 
 def pick_checkpoint(train_dir: str, wanted: str | None) -> tuple[int, str]:

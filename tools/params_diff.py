@@ -6,10 +6,11 @@
         --b_override="task.train.learning_rate : 0.01"
 
 A and B are each a log directory (its params.txt), a params file (this project's or Lingvo's), or an
-experiment key (resolved with its defaults). ``--a_override`` / ``--b_override`` apply Params text to
-one side first. Prints Lingvo's TextDiff lines, sorted by key: ``- key : value`` only in A, ``+ key :
-value`` only in B, ``< key : value in A`` and ``> key : value in B`` where they differ. Exits 0 whether or
-not they differ (2 on bad input).
+experiment key (resolved with its defaults; ``--experiment_packages`` opts in packages whose classes
+may be named by import path, as the trainer's flag does). ``--a_override`` / ``--b_override`` apply
+Params text to one side first. Prints the marks of Lingvo's ``A.TextDiff(B)``, one line per key, sorted:
+``> key : value`` is A's (a key only in A, or A's side of a change), ``< key : value`` is B's; a changed
+key shows its ``>`` line, then its ``<`` line. Exits 0 whether or not they differ (2 on bad input).
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-from params import text_tree  # noqa: E402
+from params import registry, text_tree  # noqa: E402
 from params.errors import ConfigError  # noqa: E402
 from params.hyperparams import Params  # noqa: E402
 from trainer import tf_startup  # noqa: E402
 
 FLAGS = flags.FLAGS
+flags.DEFINE_list(
+    "experiment_packages",
+    [],
+    "Packages, besides tasks, whose modules an experiment key may import by full path, e.g. my_pkg for "
+    "my_pkg.my_exps.MyExp (also TENSORPIPE_EXPERIMENT_PACKAGES=my_pkg,other), as the trainer's flag.",
+)
 flags.DEFINE_string("a_override", None, "Params text ('key : value; ...') applied to A.")
 flags.DEFINE_string("b_override", None, "Params text ('key : value; ...') applied to B.")
 
@@ -56,7 +63,7 @@ def params_text(spec: str, override: str | None = None) -> str:
 
 
 def diff(a: str, b: str, a_override: str | None = None, b_override: str | None = None) -> list[str]:
-    return text_tree.diff(
+    return text_tree.lingvo_diff(
         text_tree.parse_lines(params_text(a, a_override), a),
         text_tree.parse_lines(params_text(b, b_override), b),
     )
@@ -67,6 +74,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             "give two runs: python -m tools.params_diff A B (logdirs, params files or experiment keys)"
         )
+    registry.add_experiment_packages(FLAGS.experiment_packages)
     lines = diff(argv[1], argv[2], FLAGS.a_override, FLAGS.b_override)
     for line in lines:
         print(line)

@@ -35,6 +35,26 @@ POINTERS = {
     "controller_job": ("--cluster_spec and --job", "--cluster_spec=controller=h:p@... --job=controller"),
     "worker_job": ("--cluster_spec and --job", "--cluster_spec=trainer=h:p,h:p --job=trainer"),
     "ps_job": ("--cluster_spec and --job", "--cluster_spec=...@ps=h:p --job=ps"),
+    "worker_gpus": (
+        "the GPUs TensorFlow sees (each job uses them all; CUDA_VISIBLE_DEVICES chooses which)",
+        "CUDA_VISIBLE_DEVICES=0,1 .venv/bin/python -m trainer ...",
+    ),
+    "saver_keep_checkpoint_every_n_hours": (
+        "the param task.train.save_max_to_keep (no checkpoint is kept by age; 0 keeps every one)",
+        "--params_override='task.train.save_max_to_keep : 0'",
+    ),
+}
+
+# Lingvo's --mode values -> (this project's equivalent, an example).
+MODE_POINTERS = {
+    "shell": ("Python itself (no shell mode)", "python -i -c 'from params import experiment'"),
+    "inspect_evaler": ("--mode=inspect_datasets (each data set's input Params)", "--mode=inspect_datasets"),
+    "inspect_decoder": ("--mode=inspect_datasets (each data set's input Params)", "--mode=inspect_datasets"),
+    "inspect_model": (
+        "--mode=inspect_params (the Params) or --mode=inspect_placement (layers and weights per device)",
+        "--mode=inspect_placement",
+    ),
+    "write_inference_graph": ("python -m tools.export (a SavedModel)", "python -m tools.export --logdir=DIR"),
 }
 
 JOB_ALIASES = {"trainer_client": "trainer"}
@@ -48,10 +68,25 @@ def pointer(argv: list[str]) -> str | None:
         if not arg.startswith("-"):
             continue
         name, has_value, value = arg.lstrip("-").partition("=")
-        if name not in POINTERS:
+        if name not in (*POINTERS, "mode", "job"):
             continue
         if not has_value and index + 1 < len(argv) and not argv[index + 1].startswith("-"):
             value = argv[index + 1]  # --flag value
+        if name == "mode" and value in MODE_POINTERS:
+            equivalent, example = MODE_POINTERS[value]
+            return (
+                f"--mode={value} is Lingvo's mode; here use {equivalent}, e.g. {example} (see docs/lingvo.md)"
+            )
+        once = [job for job in value.split(",") if job.strip().startswith("evaler_once_")]
+        if name == "job" and once:
+            dataset = once[0].strip()[len("evaler_once_") :].split("@")[0] or "dev"
+            return (
+                f"--job={once[0].strip()} is Lingvo's one-checkpoint evaler; here --job=evaler_{dataset} "
+                "without a trainer scores each checkpoint of --logdir not yet scored, then stops "
+                "(see docs/lingvo.md)"
+            )
+        if name not in POINTERS:
+            continue
         equivalent, example = POINTERS[name]
         example = example.replace("{value}", value or "N")
         return f"--{name} is Lingvo's flag; here use {equivalent}, e.g. {example} (see docs/lingvo.md)"

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from params import experiment, text_tree
 from params.errors import ConfigError, UserError
-from params.hyperparams import Params
+from params.hyperparams import Params, parse_typed
 from trainer import checkpoint_names, checkpointer, files
 
 FLAG = "--allow_params_change"
@@ -56,6 +56,7 @@ def check(
     if old_text is None or old_text == new_text:
         return []
     old = text_tree.parse_lines(old_text, path)
+    _refuse_ill_typed(root, logdir, old)
     new = text_tree.parse_lines(new_text)
     changes = text_tree.diff(old, new)
     if not changes:
@@ -73,6 +74,21 @@ def check(
     for line in changes:
         log(f"  {line}")
     return changes
+
+
+def _refuse_ill_typed(root: Params, logdir: str, old: dict[str, str]) -> None:
+    """ConfigError if a value of the logdir's params.txt is not of its param's type in ``root`` (an
+    int written 2.5, a number written 'four'): a damaged file, not a change to record and rewrite."""
+    for key, text in old.items():
+        if key == "model" or key not in root:
+            continue
+        try:
+            parse_typed(key, text, root.get(key), root.declared(key))
+        except ConfigError as e:
+            raise ConfigError(
+                f"--logdir={logdir}: its params.txt is damaged ({e}); this run's Params could not have "
+                "written it: restore the file, or use another --logdir"
+            ) from None
 
 
 def _problem(root: Params, logdir: str, old: dict, new: dict, trains: bool) -> str | None:

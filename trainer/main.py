@@ -203,8 +203,9 @@ flags.DEFINE_integer("task_index", 0, "--mode=sync|async|mesh|stages: this proce
 flags.DEFINE_integer(
     "cluster_wait_secs",
     600,
-    "--mode=sync|async: seconds to wait for the other tasks of the cluster to start (saying which "
-    "every 10 s) before giving up with one line naming them.",
+    "--mode=sync|async|mesh, and a trainer whose cluster.stage_job names stage processes: seconds to "
+    "wait for the other tasks of the cluster (stage processes too) to start (saying which every 10 s) "
+    "before giving up with one line naming them.",
     lower_bound=1,
 )
 flags.DEFINE_list(
@@ -297,11 +298,13 @@ def resolve_params() -> Params:
 
 def inspect_datasets(root: Params) -> str:
     """Each data set, the jobs that read it, its input Params and what its input shows of its data."""
+    from tasks.lm import vocabulary
+
     blocks = []
     for name in root.input.names():
         jobs = "trainer" if name == "train" else f"evaler_{name}, decoder_{name}"
-        body = "".join(f"  {line}\n" for line in root.input.get(name).to_text().splitlines())
         p = root.input.get(name)
+        body = "".join(f"  {line}\n" for line in vocabulary.unused_level_marked(p.to_text()).splitlines())
         # What the input shows of its data (decoded examples, lengths), when it is an input generator.
         data = p.instantiate().inspect() if isinstance(p, InstantiableParams) else ""
         blocks.append(f"{name} (jobs: {jobs})\n{body}{data}")

@@ -120,6 +120,8 @@ class TrainLoop:
         line = self.placement.startup_line(self.step_fn.task, self.step_fn.functions)
         if line:
             self._log(line)
+        for note in self.step_fn.input.notes():
+            self._log(f"trainer: {note}")
         if restored:
             self._log(f"trainer: resumed from {restored} at step {self.step}")
         params_changed = self._opened.record(

@@ -194,6 +194,7 @@ class CorpusLmInput(BaseInput):
         if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
             raise ConfigError(f"input {p.name!r}: max_cached_bytes must be an int >= 0, got {cache!r}")
         self._pieces: tuple[np.ndarray, np.ndarray] | None = None  # the cached corpus, once tokenized
+        self._cut: tuple[int, int] = (0, 0)  # the cached corpus's (sentences cut, sentences)
         if p.batching not in BATCHINGS:
             raise ConfigError(
                 f"input {p.name!r}: batching must be one of {', '.join(BATCHINGS)}, got {p.batching!r}"
@@ -265,7 +266,9 @@ class CorpusLmInput(BaseInput):
                 vocab = Vocabulary.from_params(p.vocab)  # checks the model and its size
                 cut = p.seq_length - 1
                 lines = (list(batch.numpy()) for batch in self._line_batches(4096))
-                rows = [ids[:cut] for batch in lines for ids in vocab.encode_all(batch)]
+                encoded = [ids for batch in lines for ids in vocab.encode_all(batch)]
+                self._cut = (sum(len(ids) > cut for ids in encoded), len(encoded))
+                rows = [ids[:cut] for ids in encoded]
                 lengths = np.array([len(r) for r in rows], np.int64)
                 splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
                 values = np.fromiter((i for r in rows for i in r), np.int32, count=int(splits[-1]))
@@ -328,6 +331,38 @@ class CorpusLmInput(BaseInput):
         options.experimental_optimization.map_parallelization = False
         return ds.with_options(options)
 
+    def cut_sentences(self, max_sentences: int = 20000) -> tuple[int, int]:
+        """(sentences longer than ``seq_length`` positions, which are cut; sentences counted): the
+        whole cached corpus, else up to ``max_sentences`` of one pass over the files."""
+        if self.cached_pieces() is not None:
+            return self._cut
+        vocab, cut, counted, long = (
+            Vocabulary.from_params(self.params.vocab),
+            self.params.seq_length - 1,
+            0,
+            0,
+        )
+        for batch in self._line_batches(4096):
+            for ids in vocab.encode_all(list(batch.numpy())):
+                long, counted = long + (len(ids) > cut), counted + 1
+                if counted >= max_sentences:
+                    return long, counted
+        return long, counted
+
+    def notes(self) -> list[str]:
+        """The cut sentences of a cached corpus (counted as it is tokenized; a streamed one is not
+        read ahead for this: --mode=inspect_datasets counts its first 20000)."""
+        if self.cached_pieces() is None or not self._cut[0]:
+            return []
+        return [self._cut_line(*self._cut)]
+
+    def _cut_line(self, long: int, counted: int) -> str:
+        p = self.params
+        return (
+            f"input {p.name!r}: {long} of {counted} sentences are longer than seq_length {p.seq_length} "
+            "(BOS or EOS included) and are cut: raise seq_length to keep them whole"
+        )
+
     def inspect(self, num_examples: int = 3, max_sentences: int = 20000) -> str:
         """A few decoded sentences, the packing efficiency and the token-length histogram of (up to
         ``max_sentences`` of) one pass over the files, in file order."""
@@ -353,6 +388,7 @@ class CorpusLmInput(BaseInput):
             f"token lengths of {len(lengths)} sentences (BOS or EOS included, cut at {p.seq_length}):"
         )
         lines += ["  " + line for line in packing.histogram(lengths)]
+        lines.append(self._cut_line(*self.cut_sentences(max_sentences)))
         return "\n".join(lines) + "\n"
 
     def batch(self, ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:

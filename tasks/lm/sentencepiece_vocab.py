@@ -64,6 +64,8 @@ def read_model(path: str) -> bytes:
         )
     if not tf.io.gfile.exists(path):
         raise UserError(f"vocab.file {path!r} does not exist (train one with python -m tools.vocab)")
+    if tf.io.gfile.isdir(path):
+        raise UserError(f"vocab.file {path!r} is a directory, not a SentencePiece .model file")
     with tf.io.gfile.GFile(path, "rb") as f:
         return f.read()
 

@@ -10,6 +10,7 @@ vocabulary; SentencePiece models are trained with these four ids: tasks/lm/speci
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
@@ -45,6 +46,15 @@ def vocab_params(size: int = 0, file: str = "", level: str = "word", type: str =
     return p
 
 
+def unused_level_marked(params_text: str) -> str:
+    """Params text whose sentencepiece ``vocab`` says its ``level`` line is unused (the tokens are the
+    model's pieces; ``level`` is read only by a built vocabulary)."""
+    if "vocab.type : 'sentencepiece'" not in params_text:
+        return params_text
+    note = r"\1  # unused: a sentencepiece vocabulary's tokens are its pieces"
+    return re.sub(r"^((?:.*\.)?vocab\.level : .*)$", note, params_text, flags=re.M)
+
+
 def experiment_vocab(level: str, size: int, model_file: str, text_files: str) -> Params:
     """A text experiment's vocabulary: at level ``sentencepiece`` the SentencePiece ``model_file``
     (``size`` 0: its number of pieces), else one built from ``text_files`` at that level."""
@@ -63,6 +73,8 @@ def read_lines(path: str, what: str, skip_empty: bool = True) -> list[str]:
         raise ConfigError(f"{what}: no file given")
     if not tf.io.gfile.exists(path):
         raise UserError(f"{what}: file {path!r} does not exist")
+    if tf.io.gfile.isdir(path):
+        raise UserError(f"{what}: {path!r} is a directory, not a text file")
     with tf.io.gfile.GFile(path, "r") as f:
         lines = [line.rstrip("\r\n") for line in f]
     if skip_empty:

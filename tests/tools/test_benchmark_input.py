@@ -56,3 +56,30 @@ def test_text_input_cpu_a_step_is_measured_on_the_input_alone():
     p.vocab.set(file=f"{DATA}/stories.model", size=160)
     cpu = text_input._cpu_per_step(p, steps=30, rounds=2)
     assert 0 < cpu < 0.5  # seconds a batch: measured, and a packed batch of 4 x 64 is cheap
+
+
+def test_a_users_corpus_is_named_as_the_trainer_names_it(tmp_path, capsys):
+    """--gin_param and --params_override reach the experiment (a corpus of one's own; in this process,
+    resolving only), and a bad one is one line with the trainer's exit status."""
+    import gin
+
+    corpus = tmp_path / "mine.txt"
+    corpus.write_text("the old miller slept\n")
+    args = input_benchmark._parse(
+        [
+            "input",
+            "--model=lm.text.TextTransformerLM",
+            f"--gin_param=TextTransformerLM.train_files='{corpus}'",
+            "--params_override=input.train.seq_length : 48",
+            "--batch_size=8",
+        ]
+    )
+    try:
+        train = input_benchmark._text_corpus_root(args).input.train
+        assert (train.file_pattern, train.seq_length, train.batch_size) == (str(corpus), 48, 8)
+        bad = ["input", "--model=lm.text.TextTransformerLM", "--params_override=input.train.seq_lenth : 4"]
+        assert input_benchmark.main(bad) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("input: error: ") and "seq_length" in line
+    finally:
+        gin.clear_config()

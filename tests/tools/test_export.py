@@ -138,7 +138,7 @@ def test_digits_export_loads_without_the_repo_and_equals_the_decoder(tmp_path, d
             sys.executable,
             "-m",
             "tools.predict",
-            f"--export_dir={export_dir}",
+            f"--export_dir={logdir / 'export'}",  # the export root: its newest step folder
             f"--input={tmp_path / 'five.npy'}",
         ],
         cwd=REPO,
@@ -172,6 +172,13 @@ def test_text_mt_export_translates_raw_strings_as_the_decoder_does(tmp_path):
     )
     assert plain["translation"] == [r["hypothesis"] for r in records]
     assert any(plain["translation"])
+
+    # The CLI on lines of text, given the export root: each line beside its translation.
+    (tmp_path / "sources.txt").write_text("".join(f"{line}\n" for line in sources[:2]))
+    command = ["tools.predict", f"--export_dir={logdir / 'export'}", f"--input={tmp_path / 'sources.txt'}"]
+    out = _run([sys.executable, "-m", *command], cwd=REPO, env=_env())
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["input"], r["translation"]) for r in rows] == list(zip(sources[:2], plain["translation"][:2]))
 
 
 @pytest.mark.parametrize(

@@ -38,10 +38,10 @@ def test_added_removed_and_changed_nested_keys(tmp_path):
     (tmp_path / "a.txt").write_text(A)
     (tmp_path / "b.txt").write_text(B)
     assert params_diff.diff(str(tmp_path / "a.txt"), str(tmp_path / "b.txt")) == [
-        "< task.body.sub[0].dim : 8",
-        "> task.body.sub[0].dim : 16",
-        "- task.body.sub[1].name : 'b'",
-        "+ task.train.schedule.warmup : 10",
+        "> task.body.sub[0].dim : 8",  # Lingvo's A.TextDiff(B): '>' A's side, '<' B's
+        "< task.body.sub[0].dim : 16",
+        "> task.body.sub[1].name : 'b'",
+        "< task.train.schedule.warmup : 10",
     ]
     assert params_diff.diff(str(tmp_path / "a.txt"), str(tmp_path / "a.txt")) == []
 
@@ -51,11 +51,11 @@ def test_override_applies_to_a_file_or_an_experiment_key(tmp_path):
     lines = params_diff.diff(
         str(tmp_path / "a.txt"), str(tmp_path / "a.txt"), b_override="task.body.sub[0].dim : 9"
     )
-    assert lines == ["< task.body.sub[0].dim : 8", "> task.body.sub[0].dim : 9"]
+    assert lines == ["> task.body.sub[0].dim : 8", "< task.body.sub[0].dim : 9"]
     lines = params_diff.diff(
         "image.digits.ConvNet", "image.digits.ConvNet", a_override="task.train.learning_rate : 0.5"
     )
-    assert lines == ["< task.train.learning_rate : 0.5", "> task.train.learning_rate : 0.003"]
+    assert lines == ["> task.train.learning_rate : 0.5", "< task.train.learning_rate : 0.003"]
 
 
 def test_bad_arguments_are_config_errors(tmp_path):
@@ -88,10 +88,30 @@ def test_cli_on_two_logdirs_prints_the_changed_lines_and_exits_0(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "< task.train.learning_rate : 0.003",
-        "> task.train.learning_rate : 0.01",
-        "< task.train.max_steps : 1500",
-        "> task.train.max_steps : 10",
+        "> task.train.learning_rate : 0.003",
+        "< task.train.learning_rate : 0.01",
+        "> task.train.max_steps : 1500",
+        "< task.train.max_steps : 10",
     ]
     lines = params_diff.diff(str(tmp_path / "run1"), str(tmp_path / "run3"))
-    assert "+ task.body.sub[10].name : 'relu2'" in lines  # a third conv block: added nested keys
+    assert "< task.body.sub[10].name : 'relu2'" in lines  # a third conv block: added nested keys
+
+
+def test_the_experiment_packages_flag_it_advises_is_taken():
+    """A class outside the experiment packages: the refusal names --experiment_packages, and that flag
+    (not only the environment variable) then lets the key resolve."""
+    env = {k: v for k, v in _env().items() if k != "TENSORPIPE_EXPERIMENT_PACKAGES"}
+    key = "tests.trainer.linear_experiment.LinearRegression"
+    command = [sys.executable, "-m", "tools.params_diff", key, key, "--b_override=task.train.max_steps : 7"]
+    refused = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--experiment_packages=tests" in refused.stderr, refused.stderr
+    taken = subprocess.run(
+        [*command, "--experiment_packages=tests"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert taken.returncode == 0, taken.stderr
+    assert taken.stdout.splitlines()[1] == "< task.train.max_steps : 7"

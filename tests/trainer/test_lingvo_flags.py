@@ -23,6 +23,14 @@ from trainer import lingvo_flags
         ("--ps_replicas=2", "--cluster_spec"),
         ("--worker_replicas=4", "--cluster_spec"),
         ("--model_params_override=task.train.max_steps : 5", "here use --params_override"),
+        ("--worker_gpus=2", "CUDA_VISIBLE_DEVICES"),
+        ("--saver_keep_checkpoint_every_n_hours=1", "task.train.save_max_to_keep : 0"),
+        ("--mode=shell", "Python itself"),
+        ("--mode=inspect_evaler", "--mode=inspect_datasets"),
+        ("--mode=inspect_decoder", "--mode=inspect_datasets"),
+        ("--mode=inspect_model", "--mode=inspect_placement"),
+        ("--mode=write_inference_graph", "tools.export"),
+        ("--job=evaler_once_dev@1500", "--job=evaler_dev without a trainer"),
     ],
 )
 def test_a_lingvo_flag_with_an_equivalent_points_to_it(flag, pointer):
@@ -30,9 +38,9 @@ def test_a_lingvo_flag_with_an_equivalent_points_to_it(flag, pointer):
     in-process through lingvo_flags, since trainer.main's absl flags cannot be defined beside another
     binary's in one test process (test_cli.py runs the binary)."""
     line = lingvo_flags.pointer(["trainer", "--model=image.digits.ConvNet", flag])
-    name = flag.split("=")[0]
+    name = flag.split("=")[0] if flag.startswith("--") and "_" in flag.split("=")[0][2:] else flag
     assert line is not None and "\n" not in line
-    assert line.startswith(f"{name} is Lingvo's flag; here use ")
+    assert line.startswith(f"{name} is Lingvo's ") and "; here " in line
     assert pointer in line
 
 
@@ -91,3 +99,20 @@ def test_an_evaler_on_a_finished_run_says_there_is_nothing_left_to_score(lingvo_
     assert result.returncode == 0, result.stderr
     assert "holds a finished run (checkpoint at step 20" in result.stdout  # said before any job starts
     assert "every job done): nothing to do, nothing written" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "name, equivalent",
+    [
+        ("cell_tpl", "'stages'"),
+        ("splits", "'split_points'"),
+        ("before_tpl", "outside"),
+        ("state_dtype", "dtype"),
+    ],
+)
+def test_a_lingvo_gpipe_param_names_its_equivalent(name, equivalent):
+    from params import experiment
+
+    root = experiment.resolve("image.digits.GPipeConvNet")
+    with pytest.raises(ConfigError, match=rf"'{name}' is Lingvo's name; here .*{equivalent}"):
+        root.set(**{f"task.body.sub[0].{name}": 1})

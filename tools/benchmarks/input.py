@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from params import experiment
+from params.errors import UserError
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -37,16 +38,34 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="Global batch (default: 2048, tools.benchmark multiworker's; a text corpus: the experiment's).",
     )
+    parser.add_argument(
+        "--gin_param",
+        action="append",
+        default=[],
+        help="A gin binding of the experiment's knobs, as the trainer's (repeatable), e.g. "
+        "\"TextTransformerLM.train_files='my/shards/train-*.tfrecord'\": a corpus of your own.",
+    )
+    parser.add_argument("--params_override", default=None, help="Params text applied last, as the trainer's.")
     parser.add_argument("--workers", type=int, default=2, help="Workers the global batch is shared by.")
     parser.add_argument("--steps", type=int, default=200, help="Batches timed per side and round.")
     parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds; each side's best counts.")
     return parser.parse_args(argv[1:])
 
 
+def _resolve(args: argparse.Namespace):
+    """The experiment with the user's --gin_param and --params_override, then --batch_size."""
+    overrides = [
+        args.params_override or "",
+        f"input.train.batch_size : {args.batch_size}" if args.batch_size else "",
+    ]
+    return experiment.resolve(
+        args.model, gin_bindings=args.gin_param, params_override="; ".join(o for o in overrides if o) or None
+    )
+
+
 def _text_corpus_root(args: argparse.Namespace):
     """The resolved Params when the experiment's training input packs a text corpus (else None)."""
-    override = f"input.train.batch_size : {args.batch_size}" if args.batch_size else None
-    root = experiment.resolve(args.model, params_override=override)
+    root = _resolve(args)
     return root if "batching" in root.input.train else None
 
 
@@ -68,7 +87,11 @@ def main(argv: list[str]) -> int:
     if args.steps < 1 or args.rounds < 1:
         print("input: error: --steps and --rounds must be >= 1", file=sys.stderr)
         return 2
-    text_root = _text_corpus_root(args)
+    try:
+        text_root = _text_corpus_root(args)
+    except UserError as e:
+        print(f"input: error: {e}", file=sys.stderr)
+        return e.exit_code
     if text_root is not None:
         from tools.benchmarks import text_input
 
@@ -85,7 +108,7 @@ def main(argv: list[str]) -> int:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    root = experiment.resolve(args.model, params_override=f"input.train.batch_size : {args.batch_size}")
+    root = _resolve(args)
     shard = (0, args.workers)
     sides = {
         "one": _reader(root.input.train, (0, 1), by_row=True),

@@ -45,7 +45,7 @@ from trainer.placement import OnDevice, StepFunctions, StepOutputs, looped
 from trainer.progress import print_line
 
 CLIENT = "trainer"  # how the client process is named in the bytes report
-LOCAL_CLIENT_JOB = "localhost"  # the client's job when --cluster_spec names no controller
+LOCAL_CLIENT_JOB = roles.LOCAL_CLIENT_JOB  # the client's job when --cluster_spec names no controller
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from params.errors import ConfigError
 
 TASK_TYPES = {"controller": "chief", "chief": "chief", "trainer": "worker", "worker": "worker", "ps": "ps"}
 SYNC, ASYNC = "sync", "async"
+LOCAL_CLIENT_JOB = "localhost"  # the trainer's job beside remote stages when no controller is named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,9 @@ class Role:
 
     @property
     def name(self) -> str:
+        """``worker:1``; the trainer of remote stages with no controller address: ``the trainer``."""
+        if self.task_type == LOCAL_CLIENT_JOB:
+            return "the trainer"
         return f"{self.task_type}:{self.task_index}"
 
     def address(self, task_type: str, index: int) -> str:

@@ -52,6 +52,17 @@ SCHEDULES = schedules.SCHEDULES
 class GPipeLayer(BaseLayer):
     """Runs ``layers`` (or ``stages``) as a K-stage, M-micro-batch pipeline: ``fprop(ctx, x) -> y``."""
 
+    # Lingvo's names (gpipe.PipeliningLayer, layers_with_gpipe.GPipeTransformerStack) -> the equivalent
+    # here: setting one is an unknown param whose error names it (docs/lingvo.md#gpipe).
+    LINGVO_PARAMS = {
+        "cell_tpl": "'stages' takes one layer Params per stage (or 'layers' cut into num_stages)",
+        "splits": "'split_points' (the first layer of stages 1..K-1: splits=[2, 4] is split_points=[2]), "
+        "or 'num_stages' for splits=K",
+        "before_tpl": "layers before the pipeline are the task's own, outside this layer (or put them in "
+        "the first stage's layers)",
+        "state_dtype": "none is needed: the hand-offs between stages keep each stage's output dtype",
+    }
+
     @classmethod
     def Params(cls) -> InstantiableParams:
         p = super().Params()
@@ -352,7 +363,11 @@ def _partition_report(layer: GPipeLayer, method: str, costs: dict[str, list[floa
     )
     num_params = [x.num_parameters() for x in layer.sequence]
     names = [x.params.name for x in layer.sequence]
-    return partition.format_report(title, names, layer.stage_bounds, layer.stage_devices, num_params, costs)
+    devices: list[Any] = layer.stage_devices
+    meshes = layer.stage_meshes
+    if meshes:  # a stage's device is its mesh's
+        devices = [_mesh_text(meshes[s % len(meshes)]) for s in range(layer.num_stages)]
+    return partition.format_report(title, names, layer.stage_bounds, devices, num_params, costs)
 
 
 def _schedule_from_file(path: str, file: str, want: tuple[int, int, int], remat: str) -> schedules.Schedule:
@@ -360,12 +375,16 @@ def _schedule_from_file(path: str, file: str, want: tuple[int, int, int], remat:
     ``want`` (devices, stages, micro-batches), re-materialized by ``remat``."""
     if not tf.io.gfile.exists(file):
         raise ConfigError(f"{path}: params.schedule_file {file!r} does not exist")
-    with tf.io.gfile.GFile(file) as f:
-        rows = torch_format.read_csv(f.read())
+    if tf.io.gfile.isdir(file):
+        raise ConfigError(f"{path}: params.schedule_file {file!r} is a directory, not a CSV file")
     try:
+        with tf.io.gfile.GFile(file) as f:
+            rows = torch_format.read_csv(f.read())
         sched = torch_format.from_actions(rows, name=f"file:{file}")
-    except schedules.ScheduleError as e:
-        raise ConfigError(f"{path}: params.schedule_file {file}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: params.schedule_file {file} is not UTF-8 text ({e.reason})") from None
+    except (ValueError, tf.errors.OpError) as e:  # ScheduleError, a number past int's digits
+        raise ConfigError(f"{path}: params.schedule_file {file}: {str(e)[:200]}") from None
     got = (sched.num_devices, sched.num_stages, sched.num_micro_batches)
     if got != want:
         raise ConfigError(
@@ -374,6 +393,12 @@ def _schedule_from_file(path: str, file: str, want: tuple[int, int, int], remat:
             "micro-batches: set num_stages, virtual_stages and num_micro_batches to match"
         )
     return schedules.with_remat(sched, remat)
+
+
+def _mesh_text(mesh: mesh_lib.DeviceMesh) -> str:
+    """``CPU:2,CPU:3 (model=2)``: a stage mesh's devices and axes, for the partition table."""
+    devices = [str(d).rsplit("/device:", 1)[-1] for d in mesh.mesh.local_devices()]
+    return f"{','.join(devices)} ({mesh.describe()})"
 
 
 def partition_reports(root: BaseLayer) -> str:
@@ -401,6 +426,12 @@ def gpipe_params_in(p: Params) -> list[InstantiableParams]:
 
     visit(p)
     return found
+
+
+def _mesh_text(mesh: mesh_lib.DeviceMesh) -> str:
+    """``CPU:2,CPU:3 (model=2)``: a stage mesh's devices and axes, for the partition table."""
+    devices = [str(d).rsplit("/device:", 1)[-1] for d in mesh.mesh.local_devices()]
+    return f"{','.join(devices)} ({mesh.describe()})"
 
 
 def clear_stage_meshes(node: Params) -> None:

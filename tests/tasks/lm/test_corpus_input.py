@@ -117,3 +117,31 @@ def test_a_cached_corpus_gives_the_batches_of_the_streamed_files(tmp_path):
     for a, b in zip(cached.dataset().take(rows // 4 + 5), streamed.dataset()):  # into a second epoch
         for key in a:
             np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+
+
+@pytest.mark.parametrize("max_cached_bytes", [16 << 20, 0], ids=["cached", "streamed"])
+def test_sentences_longer_than_seq_length_are_counted(tmp_path, max_cached_bytes):
+    """What a user reads before a cut sentence trains: the count in the trainer's start (a cached corpus,
+    counted as it is tokenized) and in --mode=inspect_datasets (either)."""
+    lines = ["the old miller slept", "a fox " * 40, "the river", "the dog ran " * 30]
+    (tmp_path / "corpus.txt").write_text("".join(f"{line.strip()}\n" for line in lines))
+    gen = _params(file_pattern=str(tmp_path / "corpus.txt"), seq_length=16, max_cached_bytes=max_cached_bytes)
+    gen = gen.instantiate()
+    assert gen.cut_sentences() == (2, 4)
+    line = "input 'train': 2 of 4 sentences are longer than seq_length 16"
+    assert gen.notes()[0].startswith(line) if max_cached_bytes else gen.notes() == []
+    assert line in gen.inspect()
+
+
+def test_inspect_datasets_marks_a_sentencepiece_vocabularys_level_unused():
+    from tasks.lm.vocabulary import unused_level_marked
+
+    text = experiment.resolve("lm.text.TextTransformerLM").input.train.to_text()
+    assert "vocab.level : 'word'  # unused: a sentencepiece vocabulary's tokens are its pieces" in (
+        unused_level_marked(text).splitlines()
+    )
+    built = experiment.resolve(
+        "lm.text.TextTransformerLM",
+        gin_bindings=["TextTransformerLM.level = 'word'", "TextTransformerLM.vocab_size = 200"],
+    )
+    assert unused_level_marked(built.input.train.to_text()) == built.input.train.to_text()

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from params.errors import UserError
+from params.experiment import cluster_params
 from tests.trainer import cluster_runner as cr
 from tools import local_cluster
 from trainer.distributed import peers, roles
@@ -95,3 +96,16 @@ def test_a_long_wait_gives_up_naming_the_missing_task():
         UserError, match=r"^worker:0 gave up after 0.5 s \(--cluster_wait_secs\) .*worker:1 \("
     ):
         peers.wait_for_peers(role, 0.5, log=lambda _: None)
+
+
+def test_the_trainer_of_remote_stages_is_called_the_trainer():
+    """With no controller address in --cluster_spec the trainer's job is an internal 'localhost': its
+    wait lines call it the trainer."""
+    from trainer.distributed import remote_stages
+
+    (port,) = local_cluster.free_ports(1)
+    cluster = remote_stages.stage_cluster(
+        cluster_params().set(stage_job="worker"), f"worker=localhost:{port}", wait_secs=0.5
+    )
+    with pytest.raises(UserError, match=r"^the trainer gave up after 0.5 s .*worker:0 \(localhost:"):
+        peers.wait_for_peers(cluster.role(), 0.5, log=lambda _: None)

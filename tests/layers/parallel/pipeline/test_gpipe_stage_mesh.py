@@ -186,6 +186,12 @@ def test_each_stage_shards_its_weights_on_its_own_devices():
     )
     whole = sum(int(np.prod(v.shape)) * 4 for v in pipe.trainable_variables)
     assert largest / whole < 0.3
+    # The partition table names each stage's mesh as its device.
+    rows = [line.split() for line in pipe.partition_report().splitlines()[2:4]]
+    assert [row[1:3] for row in rows] == [
+        [",".join(devices[0:2]), "(model=2)"],
+        [",".join(devices[2:4]), "(model=2)"],
+    ]
 
 
 def test_inference_equals_the_plain_stack():
