@@ -32,6 +32,7 @@ from params.errors import ConfigError
 
 TASK_TYPES = {"controller": "chief", "chief": "chief", "trainer": "worker", "worker": "worker", "ps": "ps"}
 SYNC, ASYNC = "sync", "async"
+MAX_PORT = 65535
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +93,12 @@ def parse_cluster_spec(text: str) -> dict[str, list[str]]:
         addresses = [h.strip() for h in hosts.split(",")]
         for address in addresses:
             host, colon, port = address.rpartition(":")
-            if not colon or not host or not port.isdigit():
+            if not colon or not host or not port:
                 raise ConfigError(f"--cluster_spec: {job}: expected host:port, got {address!r}")
+            if not (port.isascii() and port.isdigit() and 1 <= int(port) <= MAX_PORT):
+                raise ConfigError(
+                    f"--cluster_spec: {job}: {address!r}: the port must be a number from 1 to {MAX_PORT}"
+                )
         cluster[task_type] = addresses
     return cluster
 
