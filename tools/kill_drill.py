@@ -3,6 +3,12 @@ check that the end is the same as a run never interrupted.
 
     .venv/bin/python -m tools.kill_drill --kills=20
     .venv/bin/python -m tools.kill_drill --kills=3 --model=my.Exp --params_override='...'
+    .venv/bin/python -m tools.kill_drill --kills=3 --model=lm.text.TextTransformerLM --corpus_lines=695
+
+``--params_override`` goes after the drill's own cadence (max_steps 600, a save, log and summary every
+20 steps), so it changes only what it names. ``--corpus_lines=N`` trains on the first N lines of the
+experiment's ``input.train.file_pattern`` (copied into the work directory): a small corpus, whose
+runs go through many epochs, each restart resuming in the middle of one.
 
 First an uninterrupted reference run; then the drill run in its own logdir, started with the same flags
 and killed ``--kills`` times, each kill at a moment of one kind, in turn: ``save`` (the instant a
@@ -38,9 +44,35 @@ KINDS = ("save", "random", "eval", "startup")
 
 def _command(args: argparse.Namespace, logdir: Path) -> list[str]:
     command = [sys.executable, "-m", "trainer", f"--model={args.model}", f"--logdir={logdir}"]
-    return (
-        command + [f"--params_override={args.params_override}"] + [f"--gin_param={g}" for g in args.gin_param]
-    )
+    return command + [f"--params_override={_override(args)}"] + [f"--gin_param={g}" for g in args.gin_param]
+
+
+def small_corpus(args: argparse.Namespace, work: Path) -> None:
+    """``--corpus_lines``: the first N lines of the experiment's train files into ``work``, and the
+    drill's runs pointed at them (``args.params_override``)."""
+    import tensorflow as tf
+
+    from params import experiment
+
+    train = experiment.resolve(args.model, gin_bindings=args.gin_param, params_override=_override(args)).input
+    train = train.train if "train" in train.names() else None
+    if train is None or "file_pattern" not in train:
+        raise SystemExit(f"kill_drill: --corpus_lines: {args.model}'s input.train has no file_pattern")
+    lines: list[str] = []
+    for pattern in train.file_pattern.split(","):
+        for path in sorted(tf.io.gfile.glob(pattern.strip())):
+            with tf.io.gfile.GFile(path) as f:
+                lines += [line.rstrip("\n") for line in f if line.strip()]
+    if len(lines) < args.corpus_lines:
+        raise SystemExit(f"kill_drill: --corpus_lines={args.corpus_lines}: the train files have {len(lines)}")
+    corpus = work / f"corpus-{args.corpus_lines}.txt"
+    corpus.write_text("".join(line + "\n" for line in lines[: args.corpus_lines]))
+    text = f"input.train.file_pattern : '{corpus}'"
+    args.params_override = f"{args.params_override}; {text}" if args.params_override else text
+
+
+def _override(args: argparse.Namespace) -> str:
+    return "; ".join(text for text in (DEFAULT_OVERRIDE, args.params_override) if text)
 
 
 def _env() -> dict[str, str]:
@@ -125,6 +157,8 @@ def run_drill(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="kill_drill-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.corpus_lines:
+        small_corpus(args, work)
     reference, drill, log = work / "reference", work / "drill", work / "drill.log"
     for path in (reference, drill, log):
         if path.is_dir():
@@ -175,6 +209,7 @@ def run_drill(args: argparse.Namespace) -> dict:
     return {
         "ok": ok,
         "model": args.model,
+        "corpus_lines": args.corpus_lines,
         "sigkills": len(sigkills),
         "kills_by_kind": {k: sum(1 for x in sigkills if x["kind"] == k) for k in KINDS},
         "kills_during_save": sum(1 for x in sigkills if x["during_save"]),
@@ -198,13 +233,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.kill_drill", description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs before the final run (default 20).")
     parser.add_argument("--model", default="image.digits.ConvNet")
-    parser.add_argument("--params_override", default=DEFAULT_OVERRIDE)
+    parser.add_argument(
+        "--params_override", default="", help="Params text, after the drill's cadence (module doc)."
+    )
+    parser.add_argument(
+        "--corpus_lines",
+        type=int,
+        default=0,
+        help="Train on the first N lines of the experiment's train files (module doc; 0: all).",
+    )
     parser.add_argument("--gin_param", action="append", default=[])
     parser.add_argument("--seed", type=int, default=0, help="Seeds the choice of kill moments.")
     parser.add_argument("--workdir", default=None, help="Where the two logdirs go (default: a new temp dir).")
     args = parser.parse_args(argv)
     if args.kills < 1:
         parser.error("--kills must be >= 1")
+    if args.corpus_lines < 0:
+        parser.error("--corpus_lines must be >= 0")
     summary = run_drill(args)
     print(json.dumps(summary, sort_keys=True))
     return 0 if summary["ok"] else 1

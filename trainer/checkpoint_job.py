@@ -169,6 +169,7 @@ class CheckpointJob:
                 self._log(f"{self.name}: skipped {path}: deleted (save_max_to_keep) before it was read")
                 continue
             start = time.perf_counter()
+            self.writer.open()  # the job's directory, for what process() writes in it
             metrics = self.process(step)
             self.writer.scalars(step, metrics)
             self.writer.flush()

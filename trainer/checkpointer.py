@@ -174,11 +174,27 @@ def exists(path: str) -> bool:
 
 
 def _corrupt(path: str, error: Exception) -> UserError:
+    """A checkpoint that cannot be restored: damaged, or holding other objects than this run's."""
+    if _is_mismatch(error):
+        reason = " ".join(files.reason(error).split())[:300]
+        return UserError(
+            f"checkpoint {path} does not match this run's model or optimizer ({reason}); it was left as "
+            "it is: it was written with other Params, so train on with those in the logdir's "
+            "params.txt, or start this run in another logdir"
+        )
     return UserError(
         f"checkpoint {path} cannot be restored ({type(error).__name__}: {files.reason(error)}); it was "
         "left in place: move it "
         "away (and fix the 'checkpoint' file next to it) to resume from an earlier one"
     )
+
+
+def _is_mismatch(error: Exception) -> bool:
+    """Whether ``error`` says the checkpoint was read but its objects are not this run's (objects
+    unmatched on either side, or a variable of another shape) rather than that it is damaged."""
+    if isinstance(error, AssertionError):
+        return True
+    return isinstance(error, ValueError) and "incompatible tensor with shape" in str(error)
 
 
 def restore_task(task: tf.Module, path: str) -> None:
@@ -272,17 +288,30 @@ class Checkpointer:
             return path
         try:
             holds_iterator = _holds_iterator(path)
-            status = self._checkpoint.read(path)
-            if self._without_iterator != (not holds_iterator):
-                # One side has the input position, the other not (a checkpoint of sync replicas or a
-                # mesh across processes, whose position is a function of the step): the rest.
-                status.expect_partial().assert_existing_objects_matched()
+            if holds_iterator or self._without_iterator:
+                status = self._checkpoint.read(path)
+                if holds_iterator and self._without_iterator:
+                    # The checkpoint has an input position this run does not keep (written by one
+                    # process, resumed by sync replicas or a mesh across processes): the rest.
+                    status.expect_partial().assert_existing_objects_matched()
+                else:
+                    status.assert_consumed()
             else:
-                status.assert_consumed()
+                self._restore_without_iterator(path)
             self.restored_input_position = holds_iterator and not self._without_iterator
         except Exception as e:  # a damaged file raises many types; all mean unreadable
             raise _corrupt(path, e) from None
         return path
+
+    def _restore_without_iterator(self, path: str) -> None:
+        """A checkpoint without the input position (written by sync replicas or a mesh across
+        processes, whose position is a function of the step) into a run that keeps one: everything
+        but the iterator; the trainer then skips its input to the restored step."""
+        rest = {k: v for k, v in self._objects.items() if k != "iterator"}
+        checkpoint = tf.train.Checkpoint(**rest)
+        checkpoint.save_counter  # noqa: B018 (created now, so the checkpoint's counter is matched)
+        checkpoint.read(path).assert_consumed()
+        self._checkpoint.save_counter.assign(checkpoint.save_counter)
 
     def _placed_otherwise(self, reader: Any) -> bool:
         """Whether the checkpoint holds this task placed otherwise (a GPipe level more or less)."""

@@ -104,6 +104,7 @@ def run_jobs(
     stages = None
     if trains and root.cluster.stage_job:
         stages = remote_stages.stage_cluster(root.cluster, cluster_spec, cluster_wait_secs)
+        cluster_wait.wait_for_peers(stages.role(), stages.wait_secs, log=log)  # a refused wait writes nothing
     with open_logdir(root, logdir, trains=trains, allow_params_change=allow_params_change, log=log) as opened:
         return _run_jobs(
             root, opened, names, log, wait=not no_trainer, stages=stages, model_task=model_task_name

@@ -59,11 +59,13 @@ class OpenLogdir:
         self._allow = allow_params_change
         self._log = log
         self._lock = TrainerLock(self.train_dir, log=log) if trains and writes else None
+        self._made: list[str] = []  # directories this run created, innermost last
 
     def __enter__(self) -> OpenLogdir:
         logdir_guard.check(self.root, self.logdir, trains=self.trains, allow=self._allow, log=self._log)
         if not self.writes:
             return self
+        self._made = [d for d in (self.logdir, self.train_dir) if not tf.io.gfile.exists(d)]
         check_writable(self.logdir)
         if self._lock is None:
             return self
@@ -84,8 +86,17 @@ class OpenLogdir:
         self.close()
 
     def close(self) -> None:
+        """Releases the LOCK; the directories this run created and left empty (a run refused after
+        it opened the logdir) are removed, so a refused start leaves nothing behind."""
         if self._lock is not None:
             self._lock.release()
+        for directory in reversed(self._made):
+            try:
+                if tf.io.gfile.isdir(directory) and not tf.io.gfile.listdir(directory):
+                    tf.io.gfile.rmtree(directory)
+            except (tf.errors.OpError, OSError):
+                pass  # best effort: an empty directory is harmless
+        self._made = []
 
     def record(self, step: int, task: tf.Module, learner: tf.Module, keep: Sequence[str] = ()) -> bool:
         """The writer's files once the run is accepted and restored at ``step``: params.txt (changes

@@ -21,11 +21,22 @@ class SummaryWriter:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        try:
-            tf.io.gfile.makedirs(directory)
-            self._writer = tf.summary.create_file_writer(directory)
-        except (tf.errors.OpError, OSError) as e:
-            raise UserError(f"cannot write summaries to {directory}: {files.reason(e)}") from None
+        self._created: tf.summary.SummaryWriter | None = None  # at the first summary: a run refused
+        # before it wrote one leaves no empty event file
+
+    def open(self) -> None:
+        """Creates the directory and its event file now (the job's other files go beside them)."""
+        self._writer  # noqa: B018
+
+    @property
+    def _writer(self) -> tf.summary.SummaryWriter:
+        if self._created is None:
+            try:
+                tf.io.gfile.makedirs(self.directory)
+                self._created = tf.summary.create_file_writer(self.directory)
+            except (tf.errors.OpError, OSError) as e:
+                raise UserError(f"cannot write summaries to {self.directory}: {files.reason(e)}") from None
+        return self._created
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
@@ -47,9 +58,11 @@ class SummaryWriter:
             tf.summary.text(name, body)
 
     def flush(self) -> None:
-        with self._writing():
-            self._writer.flush()
+        if self._created is not None:
+            with self._writing():
+                self._created.flush()
 
     def close(self) -> None:
-        with self._writing():
-            self._writer.close()
+        if self._created is not None:
+            with self._writing():
+                self._created.close()

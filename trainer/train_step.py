@@ -74,10 +74,16 @@ class TrainStep:
         return TrainState(self.task, self.learner, self.global_step, self.iterator)
 
     def skip_to(self, step: int) -> None:
-        """Restarts the input at the batch of ``step`` (a resumed data-parallel worker, whose
-        iterator is not in the checkpoint: every worker's position is a function of the step).
-        Before the first ``run``: the compiled loop reads the iterator it found when it was traced."""
-        self.iterator = iter(self.input.dataset().skip(step))
+        """Moves the input, still at its start, to the batch of ``step``: a resumed run whose
+        checkpoint holds no iterator (sync replicas, a mesh across processes: the position is a
+        function of the step). The iterator advances in place, so it stays the one the checkpointer
+        saves (its next save holds this position, restorable into the same input pipeline) and the
+        one the compiled loop reads. An input that ends first is left at its end (the first step
+        then reports it)."""
+        try:
+            _advance(self.iterator, tf.constant(step, tf.int64))
+        except tf.errors.OutOfRangeError:
+            pass
 
     def run(self, num_steps: int) -> StepOutputs:
         """Runs up to ``num_steps`` steps; returns (all losses finite, outputs of the last step run).
@@ -223,3 +229,16 @@ class TrainStep:
             home(tf.reduce_all(tf.math.is_finite(v))) for v in self.task.variables if v.dtype.is_floating
         ]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _drop_batches(iterator: tf.data.Iterator, num_batches: tf.Tensor) -> tf.Tensor:
+    """Reads and drops ``num_batches`` batches of ``iterator``; returns how many."""
+
+    def body(i: tf.Tensor) -> tf.Tensor:
+        with tf.control_dependencies(tf.nest.flatten(iterator.get_next())):
+            return i + 1
+
+    return tf.while_loop(lambda i: i < num_batches, body, [tf.constant(0, tf.int64)])[0]
+
+
+_advance = tracing.graph_function(_drop_batches)  # one call, not one per batch

@@ -131,7 +131,7 @@ class CorpusLmInput(BaseInput):
     tokenized in the graph by a SentencePiece model, then packed, bucketed or padded.
 
     Files (``file_pattern``: globs separated by commas, any tf.io.gfile path) are read in parallel,
-    ``num_parallel_reads`` at a time, interleaved in a fixed order; lines are shuffled in a buffer of
+    ``num_parallel_reads`` at a time, interleaved in a fixed order; lines are shuffled in blocks of
     ``shuffle_buffer_size`` (with ``shuffle_seed``), tokenized, and each becomes one sequence: ids =
     BOS + pieces, labels = pieces + EOS (cut to ``seq_length``). ``batching``: ``pack`` (several
     sequences per row with ``segment_ids`` and ``segment_pos``, see ``tasks.packing``), ``bucket``
@@ -143,7 +143,11 @@ class CorpusLmInput(BaseInput):
     dataset is built, and its pieces held in memory: each epoch then shuffles sentence numbers (the
     same buffer and seed, so the same order as shuffling the lines) and gathers their pieces, instead
     of reading, filtering and tokenizing every line again; the checkpointed position is the sentence
-    numbers' shuffle. Larger corpora stream from the files every epoch.
+    numbers' shuffle. Larger corpora stream from the files every epoch. A repeated input (training)
+    is infinite: its epochs follow one another inside ``examples()``, the sentences of each permuted
+    block by block (``shuffle_buffer_size`` sentences a block) by seeds made of ``shuffle_seed``, the
+    epoch's number and the block's, so a restored iterator goes on with the epochs of an
+    uninterrupted run.
     """
 
     @classmethod
@@ -280,26 +284,34 @@ class CorpusLmInput(BaseInput):
         return self._token_batches(256).unbatch()
 
     def _token_batches(self, size: int) -> tf.data.Dataset:
-        """Batches of ``size`` sentences (after the line shuffle) as ragged ``{ids, labels}``: ids =
-        BOS + pieces, labels = pieces + EOS, cut to ``seq_length``; every op on a whole batch."""
+        """Batches of ``size`` sentences (after the sentence shuffle) as ragged ``{ids, labels}``: ids
+        = BOS + pieces, labels = pieces + EOS, cut to ``seq_length``; every op on a whole batch.
+
+        Epoch by epoch (one when the input does not repeat), the last batch of each partial. The
+        shuffle is stateless: each block of ``shuffle_buffer_size`` sentences is permuted by a seed
+        made of ``shuffle_seed``, the epoch's number and the block's, all part of the iterator's
+        saved position. (tf.data's shuffle, reshuffling each epoch, counts the epochs in its own
+        iterator, which a batch that has read its input to the end leaves out of the saved position:
+        during an epoch's last batch, all of a corpus smaller than one, a run restored there
+        shuffled its next epochs as earlier ones.)"""
         p = self.params
         cached = self.cached_pieces()
         if cached is not None:  # sentence numbers, shuffled as the lines would be; their pieces gathered
             values, splits = (tf.constant(a) for a in cached)
-            ds = tf.data.Dataset.range(len(cached[1]) - 1)
+            count = len(cached[1]) - 1
+
+            def sentences() -> tf.data.Dataset:
+                return tf.data.Dataset.range(count)
 
             def pieces(rows: tf.Tensor) -> tf.RaggedTensor:
                 return tf.gather(tf.RaggedTensor.from_row_splits(values, splits, validate=False), rows)
 
         else:
             tokenizer, cut = self._tokenizer(), p.seq_length - 1
-            ds = self.lines()
+            sentences = self.lines
 
             def pieces(lines: tf.Tensor) -> tf.RaggedTensor:
                 return tokenizer.tokenize(lines)[:, :cut]
-
-        if p.shuffle_seed is not None:
-            ds = ds.shuffle(p.shuffle_buffer_size, seed=p.shuffle_seed, reshuffle_each_iteration=True)
 
         def encode(batch: tf.Tensor) -> dict[str, tf.RaggedTensor]:
             tokens = pieces(batch)
@@ -309,9 +321,23 @@ class CorpusLmInput(BaseInput):
                 "labels": tf.concat([tokens, ends * EOS_ID], axis=1),
             }
 
-        # Sequential: the tokenizer holds a resource, and with op determinism on (tf_settings.configure)
-        # tf.data would rewrite a parallel map of it into this anyway (warning about it on stderr).
-        return ds.batch(size).map(encode)
+        def epoch(number: tf.Tensor) -> tf.data.Dataset:
+            ds = sentences()
+            if p.shuffle_seed is not None:
+                seed = tf.stack([tf.constant(p.shuffle_seed, tf.int64), number])
+
+                def permuted(index: tf.Tensor, block: tf.Tensor) -> tf.Tensor:
+                    block_seed = tf.random.experimental.stateless_fold_in(seed, index)
+                    keys = tf.random.stateless_uniform(tf.shape(block)[:1], seed=block_seed)
+                    return tf.gather(block, tf.argsort(keys))
+
+                ds = ds.batch(p.shuffle_buffer_size).enumerate().map(permuted).unbatch()
+            # Sequential: the tokenizer holds a resource, and with op determinism on
+            # (tf_settings.configure) tf.data would rewrite a parallel map of it into this anyway.
+            return ds.batch(size).map(encode)
+
+        epochs = tf.data.Dataset.counter() if p.repeat else tf.data.Dataset.range(1)
+        return epochs.flat_map(epoch)
 
     def examples(self) -> tf.data.Dataset:
         p = self.params

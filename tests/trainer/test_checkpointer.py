@@ -67,9 +67,16 @@ def test_checkpoint_of_another_model_is_a_user_error(tmp_path):
             self.w = tf.Variable(tf.zeros([4]))
 
     other = Checkpointer(str(tmp_path), 5, task=_Other(), global_step=tf.Variable(0, dtype=tf.int64))
-    with pytest.raises(UserError, match="ckpt-10 cannot be restored"):
+    with pytest.raises(UserError, match="ckpt-10 does not match this run's model or optimizer") as e:
         other.restore_latest()
+    assert "move it away" not in str(e.value)  # a sound checkpoint: the Params differ, not the file
     assert (tmp_path / "ckpt-10.index").exists()
+    # Objects on one side only (here a learner the checkpoint does not hold): the same line.
+    more = Checkpointer(
+        str(tmp_path), 5, task=_State(), global_step=tf.Variable(0, dtype=tf.int64), learner=_Other()
+    )
+    with pytest.raises(UserError, match="ckpt-10 does not match this run's model or optimizer"):
+        more.restore_latest()
 
 
 def test_restore_task_reports_a_deleted_checkpoint(tmp_path):

@@ -34,7 +34,7 @@ def lingvo_job(mode: str, jobs: list[str]) -> str | None:
     if not names:
         return None
     if mode == roles.SYNC and set(names) <= set(TRAINER_JOBS):
-        return "trainer"
+        return "controller" if "controller" in names else "trainer"  # roles: the chief if there is one
     if len(names) == 1 and names[0] in roles.TASK_TYPES:
         return names[0]
     raise ConfigError(

@@ -5,8 +5,11 @@ The cluster is given in Lingvo's syntax, ``--cluster_spec=worker=host:port,host:
 ``TF_CONFIG`` already in the environment. Lingvo's job names map onto TensorFlow's task types:
 
     Lingvo job     TensorFlow task type   what the process does
-    controller     chief                  async: the coordinator (schedules steps, saves checkpoints)
-    trainer        worker                 sync: a replica (worker 0 is the chief: it writes the logdir);
+    controller     chief                  async: the coordinator (schedules steps, saves checkpoints);
+                                          sync (Lingvo's ``controller=h:p@worker=h:p``): a replica that
+                                          writes the logdir; with no controller job in the cluster,
+                                          ``--job=controller`` is trainer ``--task_index``
+    trainer        worker                 sync: a replica (with no chief, worker 0 writes the logdir);
                                           async: runs the steps the coordinator schedules
     ps             ps                     async: holds the variables
     (``worker`` and ``chief`` are accepted as they are)
@@ -30,6 +33,7 @@ from params.errors import ConfigError
 TASK_TYPES = {"controller": "chief", "chief": "chief", "trainer": "worker", "worker": "worker", "ps": "ps"}
 SYNC, ASYNC = "sync", "async"
 LOCAL_CLIENT_JOB = "localhost"  # the trainer's job beside remote stages when no controller is named
+MAX_PORT = 65535
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +97,12 @@ def parse_cluster_spec(text: str) -> dict[str, list[str]]:
         addresses = [h.strip() for h in hosts.split(",")]
         for address in addresses:
             host, colon, port = address.rpartition(":")
-            if not colon or not host or not port.isdigit():
+            if not colon or not host or not port:
                 raise ConfigError(f"--cluster_spec: {job}: expected host:port, got {address!r}")
+            if not (port.isascii() and port.isdigit() and 1 <= int(port) <= MAX_PORT):
+                raise ConfigError(
+                    f"--cluster_spec: {job}: {address!r}: the port must be a number from 1 to {MAX_PORT}"
+                )
         cluster[task_type] = addresses
     return cluster
 
@@ -108,7 +116,7 @@ def resolve_role(mode: str, cluster_spec: str | None, job: str | None, task_inde
         raise ConfigError(f"--mode={mode}: expected {SYNC} or {ASYNC} to train on a cluster")
     if cluster_spec:
         cluster = parse_cluster_spec(cluster_spec)
-        task_type = _task_type(mode, job)
+        task_type = _task_type(mode, job, cluster)
     else:
         env = os.environ.get("TF_CONFIG")
         if not env:
@@ -116,7 +124,7 @@ def resolve_role(mode: str, cluster_spec: str | None, job: str | None, task_inde
                 f"--mode={mode} needs --cluster_spec (e.g. worker=host:port,host:port) or TF_CONFIG"
             )
         cluster, task_type, task_index = _from_tf_config(env)
-        if job is not None and _task_type(mode, job) != task_type:
+        if job is not None and _task_type(mode, job, cluster) != task_type:
             raise ConfigError(f"--job={job} does not match TF_CONFIG's task type {task_type!r}")
     if task_type not in cluster:
         raise ConfigError(f"--cluster_spec has no {task_type} job for this process")
@@ -130,11 +138,13 @@ def resolve_role(mode: str, cluster_spec: str | None, job: str | None, task_inde
     return role
 
 
-def _task_type(mode: str, job: str | None) -> str:
+def _task_type(mode: str, job: str | None, cluster: dict[str, list[str]]) -> str:
     if job is None:
         return "worker" if mode == SYNC else "chief"
     if job not in TASK_TYPES:
         raise ConfigError(f"--job={job}: in --mode={mode} a process runs one of controller, trainer, ps")
+    if mode == SYNC and TASK_TYPES[job] == "chief" and "chief" not in cluster:
+        return "worker"  # a sync cluster of trainers only: the controller's writing is trainer 0's
     return TASK_TYPES[job]
 
 

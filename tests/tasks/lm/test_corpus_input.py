@@ -7,6 +7,7 @@ import collections
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from params import experiment
 from params.errors import ConfigError
@@ -145,3 +146,34 @@ def test_inspect_datasets_marks_a_sentencepiece_vocabularys_level_unused():
         gin_bindings=["TextTransformerLM.level = 'word'", "TextTransformerLM.vocab_size = 200"],
     )
     assert unused_level_marked(built.input.train.to_text()) == built.input.train.to_text()
+
+
+TRAIN = f"{DATA}/stories_train.txt"
+
+
+# (sentences, batch size, the step saved): corpora smaller and larger than the packing window of 1024
+# sentences, each saved where the pipeline (which reads ahead: the row shuffle, the prefetch) has a
+# batch of sentences that read the last of an epoch: any step of a corpus below the window, a few
+# steps an epoch of one above it.
+SMALL_CORPORA = [(40, 2, 4), (695, 8, 60), (1100, 16, 57), (1724, 16, 85)]
+
+
+@pytest.mark.parametrize("lines, batch_size, stop", SMALL_CORPORA)
+def test_a_restored_iterator_reads_the_batches_of_an_uninterrupted_one(tmp_path, lines, batch_size, stop):
+    """An iterator saved and restored reads on, past the next epoch's start, as the uninterrupted one
+    does: the epochs after a restore reshuffled as in one run."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(line + "\n" for line in _lines(TRAIN)[:lines]))
+    p = _params(file_pattern=str(corpus), seq_length=64, batch_size=batch_size, shuffle_seed=5, repeat=True)
+    p.set(shuffle_buffer_size=10000)
+    epoch = sum(1 for _ in p.copy().set(repeat=False).instantiate().dataset())  # batches of one epoch
+    end = stop + epoch + 40  # past the next epoch's start, and the 64 rows the row shuffle reads ahead
+    stream = p.instantiate()
+    iterator = iter(stream.dataset())
+    straight = [next(iterator)["ids"].numpy() for _ in range(stop)]
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "ckpt"))
+    straight += [next(iterator)["ids"].numpy() for _ in range(stop, end)]
+    restored = iter(stream.dataset())
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    for step in range(stop, end):
+        np.testing.assert_array_equal(next(restored)["ids"].numpy(), straight[step], err_msg=f"step {step}")

@@ -1,7 +1,9 @@
 """A DTensor mesh spread over 2 processes x 2 logical CPUs (``--mode=mesh``, real processes on free
 loopback ports): MeshTransformerLM trains to the weights of the unsharded model; each process writes
 its own slices; and the checkpoint goes round placements: 2 processes ([1, 4]: the model axis across
-processes) -> one process unsharded -> one process on a [2, 2] mesh -> 2 processes on [2, 2]."""
+processes) -> one process unsharded -> one process on a [2, 2] mesh -> 2 processes on [2, 2]; and the
+trainer in one process (its own checkpointer, which keeps the input iterator) resumes it, with a mesh
+of 4 logical devices or none, skipping its input to the step."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tests.trainer.cluster_runner import Procs
 from tools import local_cluster
 from trainer.checkpointer import Checkpointer
 from trainer.distributed.mesh_placement import MeshPlacement
+from trainer.train_job import TrainLoop
 from trainer.train_step import TrainStep
 
 MODEL = "lm.synthetic.MeshTransformerLM"
@@ -49,8 +52,9 @@ OVERRIDE = (
 )
 
 
-def _root(data: int, model: int, max_steps: int):
-    return experiment.resolve(MODEL, gin_bindings=_bindings(data, model, max_steps), params_override=OVERRIDE)
+def _root(data: int, model: int, max_steps: int, extra: str = ""):
+    text = OVERRIDE + (f"; {extra}" if extra else "")
+    return experiment.resolve(MODEL, gin_bindings=_bindings(data, model, max_steps), params_override=text)
 
 
 def _run_two_processes(tmp_path, logdir, data: int, model: int, max_steps: int) -> str:
@@ -188,3 +192,42 @@ def test_checkpoint_round_trip_across_placements(across, reference, tmp_path):
     )
     assert compared > 10 and worst <= 1e-5, worst
     shutil.rmtree(back, ignore_errors=True)
+
+
+NO_MESH = "cluster.mesh_shape : []; cluster.layout_rules : ''"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The unsharded model trained SECOND + 2 steps in one go: its checkpoint."""
+    step = _plain_step(_root(1, 4, SECOND + 2))
+    finite, _ = step.run(SECOND + 2)
+    assert bool(finite.numpy())
+    return _save_plain(step, tmp_path_factory.mktemp("straight"), SECOND + 2)
+
+
+def _train_loop(logdir, extra: str, max_steps: int) -> tuple[list[str], bool]:
+    """The trainer's own loop (its placement and checkpointer from the Params) to ``max_steps``: its
+    lines, and whether its restore positioned the input iterator."""
+    lines: list[str] = []
+    with TrainLoop(_root(1, 4, max_steps, extra), str(logdir), log=lines.append) as loop:
+        assert loop.run() == max_steps
+        return lines, loop.checkpointer.restored_input_position
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", ["", NO_MESH], ids=["mesh_of_4_devices", "no_mesh"])
+def test_the_trainer_in_one_process_resumes_the_mesh_checkpoint(across, straight, tmp_path, extra):
+    """The processes' checkpoint holds no input iterator; the trainer's checkpointer keeps one: it
+    restores the rest and skips its input to the step, its next save holds that iterator, and a
+    resume from there ends where the unsharded model trained in one go does."""
+    logdir = tmp_path / "run"
+    shutil.copytree(across[0], logdir)
+    lines, positioned = _train_loop(logdir, extra, SECOND)
+    assert f"trainer: resumed from {logdir / 'train' / f'ckpt-{FIRST}'} at step {FIRST}" in lines, lines
+    assert not positioned  # skipped to the step
+    lines, positioned = _train_loop(logdir, extra, SECOND + 2)
+    assert f"trainer: resumed from {logdir / 'train' / f'ckpt-{SECOND}'} at step {SECOND}" in lines, lines
+    assert positioned  # the iterator the skip made, saved at SECOND
+    worst, compared = cluster_runner.max_weight_diff(str(logdir / "train" / f"ckpt-{SECOND + 2}"), straight)
+    assert compared > 10 and worst <= 1e-5, worst

@@ -10,8 +10,11 @@ import sys
 
 import pytest
 
+from params import experiment
 from tests.trainer import cluster_runner as cr
 from tests.trainer.runner import REPO, _env, error_lines
+from tools import local_cluster
+from trainer.train_job import TrainLoop
 
 CONVNET = "--model=image.digits.ConvNet"
 GPIPE = "--model=image.digits.GPipeConvNet"
@@ -92,6 +95,45 @@ def test_two_sync_workers_equal_one_process_chief_writes_evaler_scores_each_once
         json.loads(line)["step"] for line in (logdir / "eval_dev/scores.jsonl").read_text().splitlines()
     ]
     assert scores == [10, 20]
+    _one_process_resumes_the_replicas_checkpoint(logdir, single)
+
+
+def _one_process_resumes_the_replicas_checkpoint(logdir, single) -> None:
+    """The chief's checkpoint holds no input iterator; the trainer in one process (its checkpointer
+    keeps one) restores the rest and skips its input to the step: 10 more steps end where the one
+    process resumed from its own checkpoint (its iterator restored) does."""
+    root = experiment.resolve(CONVNET.partition("=")[2], params_override=cr.override(30, 10))
+    positioned = {}
+    for run in (logdir, single):
+        lines: list[str] = []
+        with TrainLoop(root, str(run), log=lines.append) as loop:
+            assert loop.run() == 30
+            positioned[run] = loop.checkpointer.restored_input_position
+        assert f"trainer: resumed from {run / 'train'}/ckpt-20 at step 20" in lines, lines
+    assert positioned == {logdir: False, single: True}
+    diff, count = cr.max_weight_diff(str(logdir / "train/ckpt-30"), str(single / "train/ckpt-30"))
+    assert count >= 12 and diff <= 1e-5, diff
+
+
+@pytest.mark.slow
+def test_lingvo_sync_layout_a_controller_and_a_worker_train_together(tmp_path):
+    """Lingvo's sync cluster, as its users start it: --job=controller at the spec's controller=
+    address, --job=trainer_client at its worker= address. The controller is the chief replica: both
+    train, it writes the logdir."""
+    logdir = tmp_path / "run"
+    ports = local_cluster.free_ports(2)
+    spec = f"controller=127.0.0.1:{ports[0]}@worker=127.0.0.1:{ports[1]}"
+    flags = [CONVNET, f"--logdir={logdir}", f"--params_override={cr.override(10, 10)}", "--mode=sync"]
+    flags += [f"--cluster_spec={spec}", "--cluster_wait_secs=60"]
+    with cr.Procs(tmp_path) as procs:
+        started = [procs.trainer("controller", *flags, "--job=controller")]
+        started.append(procs.trainer("worker", *flags, "--job=trainer_client"))
+        for proc in started:
+            code, out = procs.wait(proc, TIMEOUT)
+            assert code == 0, f"{proc.name}:\n{out[-3000:]}"
+    assert "trainer: 2 workers in sync; this is the chief (chief:0)" in cr.output(started[0])
+    assert "saved" not in cr.output(started[1])
+    assert (logdir / "train/ckpt-10.index").exists()
 
 
 @pytest.mark.slow

@@ -49,6 +49,22 @@ def test_bad_clusters_are_one_config_error(mode, spec, job, index, message):
         roles.resolve_role(mode, spec, job, index)
 
 
+def test_lingvo_sync_layout_the_controller_is_the_chief_replica():
+    """Lingvo's sync cluster names a controller and its workers: --job=controller is the chief (a
+    replica that writes the logdir), each worker another replica. With no controller in the spec,
+    --job=controller is trainer --task_index (0 writes the logdir)."""
+    spec = "controller=h:1@worker=h:2"
+    controller = roles.resolve_role("sync", spec, jobs.lingvo_job("sync", ["controller"]), 0)
+    worker = roles.resolve_role("sync", spec, jobs.lingvo_job("sync", ["trainer"]), 0)
+    assert (controller.name, controller.is_chief, controller.worker_index, controller.num_workers) == (
+        "chief:0", True, 0, 2,
+    )  # fmt: skip
+    assert (worker.name, worker.is_chief, worker.worker_index) == ("worker:0", False, 1)
+    trainers = "trainer=h:1,h:2"
+    assert roles.resolve_role("sync", trainers, "controller", 0).name == "worker:0"
+    assert roles.resolve_role("sync", trainers, "controller", 0).is_chief
+
+
 def test_tf_config_from_the_environment(monkeypatch):
     config = {"cluster": {"chief": ["h:0"], "worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(config))
@@ -64,7 +80,8 @@ def test_tf_config_from_the_environment(monkeypatch):
 
 def test_jobs_of_a_cluster_process():
     assert jobs.lingvo_job("sync", []) is None
-    assert jobs.lingvo_job("sync", ["controller", "trainer"]) == "trainer"
+    assert jobs.lingvo_job("sync", ["controller", "trainer"]) == "controller"
+    assert jobs.lingvo_job("sync", ["trainer"]) == "trainer"
     assert jobs.lingvo_job("async", ["ps"]) == "ps"
     with pytest.raises(ConfigError, match="evalers and decoders run outside the cluster"):
         jobs.lingvo_job("async", ["controller", "trainer"])
