@@ -80,8 +80,8 @@ def _refuse_ill_typed(root: Params, logdir: str, old: dict[str, str]) -> None:
     """ConfigError if a value of the logdir's params.txt is not of its param's type in ``root`` (an
     int written 2.5, a number written 'four'): a damaged file, not a change to record and rewrite."""
     for key, text in old.items():
-        if key == "model" or key not in root:
-            continue
+        if key == "model" or key not in root or isinstance(root.get(key), Params):
+            continue  # a group there (a pipeline where the file's run had none) is a change, not damage
         try:
             parse_typed(key, text, root.get(key), root.declared(key))
         except ConfigError as e:

@@ -41,7 +41,7 @@ def test_sync_worker_zero_is_the_chief_and_shards_follow_the_index():
         ("sync", "evaler=h:1", None, 0, "unknown job 'evaler'"),
         ("sync", "worker=h:1@trainer=h:2", None, 0, "given twice"),
         ("async", "trainer=h:1@ps=h:2", "trainer", 0, "needs one controller"),
-        ("async", "controller=h:0@trainer=h:1@ps=h:2", "evaler_dev", 0, "one of controller, trainer, ps"),
+        ("async", "controller=h:1@trainer=h:2@ps=h:3", "evaler_dev", 0, "one of controller, trainer, ps"),
     ],
 )
 def test_bad_clusters_are_one_config_error(mode, spec, job, index, message):
