@@ -1,0 +1,74 @@
+"""What each process of a plan holds at its peak, item by item (bytes).
+
+    baseline     TensorFlow's own footprint (costs.baseline_mib: a fresh process's peak)
+    weights      float32 variables the process owns
+    gradients    their gradient sums (one float32 copy of the weights)
+    optimizer    the optimizer's slots (Adam: two copies of the weights)
+    activations  what the schedule holds at its peak on each of the process's devices: per stage and
+                 micro-batch, the bytes the stage's backward reads from its forward (remat never),
+                 or the stage's input alone (re-materialized micro-batches); placed in time by the
+                 schedule's timeline (``schedule.peak_held``)
+    workspace    the step's temporaries: one micro-batch's recomputed activations under remat, the
+                 largest layer's backward temporaries, the loss's logits and their gradient
+    graph        the traced step's graph: its op count (each layer's measured gradient graph, per
+                 micro-batch and unit) times ``GRAPH_NODE_BYTES``
+    all_reduce   replicas: one more copy of the gradients, the all-reduce's buffer
+
+What it leaves out is in docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from trainer.planning.costs import ModelCosts
+
+MIB = 2**20
+# Bytes one node of a traced step keeps resident (its graph, the optimized copy, the kernels' state):
+# the capacity benchmark's GPipe trainer at 8 x 128 (27,012 nodes) peaked ~360 MiB above a bare
+# TensorFlow process with a few MiB of weights and activations.
+GRAPH_NODE_BYTES = 13 * 1024
+ITEMS = ("baseline", "weights", "gradients", "optimizer", "activations", "workspace", "graph", "all_reduce")
+
+
+@dataclasses.dataclass
+class ProcessMemory:
+    """One process's predicted peak, item by item (bytes)."""
+
+    name: str
+    items: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.items.values())
+
+    def largest_item(self) -> str:
+        return max((k for k in self.items if k != "baseline"), key=lambda k: self.items[k])
+
+
+def state_items(costs: ModelCosts, params: float) -> dict[str, float]:
+    """Weights, gradient sums and optimizer slots of ``params`` float32 parameters."""
+    return {
+        "weights": 4.0 * params,
+        "gradients": 4.0 * params,
+        "optimizer": 4.0 * params * costs.optimizer_slots,
+    }
+
+
+def part_bytes(costs: ModelCosts, micro_batch: int, bounds: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Per part of the cut ``bounds``: the bytes one micro-batch keeps for its backward, and its input."""
+    kept = costs.per_size[micro_batch]["kept_bytes"]
+    full = [float(sum(kept[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+    inputs = [float(micro_batch * costs.example_bytes)] * (len(bounds) - 1)
+    return full, inputs
+
+
+def graph_nodes(
+    costs: ModelCosts, micro_batch: int, layers: Sequence[int], micro_batches: int, remat: str
+) -> float:
+    """The op count of a traced step over ``layers`` (indices) for ``micro_batches`` micro-batches."""
+    ops = costs.per_size[micro_batch]["ops"]
+    per = sum(ops[i] for i in layers)
+    recompute = {"never": 0.0, "except_last": (micro_batches - 1) / micro_batches, "always": 1.0}[remat]
+    return per * micro_batches * (1.0 + recompute / 3.0)  # a recompute is a forward: a third of F + B
