@@ -95,7 +95,7 @@ def split_points(costs: ModelCosts, micro_batch: int, num_parts: int) -> tuple[i
 def micro_batch_sizes(batch: int, processes: int) -> list[int]:
     """Every micro-batch size some plan uses (the sizes whose costs are measured)."""
     sizes = set()
-    for r in divisors(processes):
+    for r in range(1, processes + 1):
         if batch % r == 0:
             sizes.update(batch // r // m for m in divisors(batch // r))
     return sorted(sizes)
@@ -108,7 +108,7 @@ def enumerate_plans(
     of logical devices; ``stage_mesh``: the experiment shards its stages (pipeline_mesh plans)."""
     batch, layers = costs.batch_size, costs.num_layers
     max_devices = devices_per_process or 2 * layers
-    for replicas in divisors(processes):
+    for replicas in range(1, processes + 1):
         if batch % replicas:
             continue
         local = batch // replicas
