@@ -104,14 +104,14 @@ def current_plan(root, costs, prefix: str):  # noqa: ANN001, ANN201
 
 def _table(rows: list, budget: float, title: str) -> None:
     print(title)
-    print(f"  {'#':>3} {'plan':<58} {'step ms':>8} {'peak MiB':>9} {'procs':>5}  over by")
+    print(f"  {'#':>3} {'plan':<66} {'step ms':>8} {'peak MiB':>9} {'procs':>5}  over by")
     for i, pred in enumerate(rows, 1):
         over = ""
         if budget and not pred.fits(budget):
             who, item, mib = pred.overflow(budget)
             over = f"{mib:.0f} MiB in {who} (largest item: {item})"
         print(
-            f"  {i:>3} {pred.plan.name():<58} {pred.step_s * 1e3:>8.1f} {pred.peak_mib:>9.0f} "
+            f"  {i:>3} {pred.plan.name():<66} {pred.step_s * 1e3:>8.1f} {pred.peak_mib:>9.0f} "
             f"{pred.plan.processes:>5}  {over}"
         )
 
@@ -126,6 +126,16 @@ def _show(pred, budget: float) -> None:  # noqa: ANN001
         )
     if budget:
         print(f"  fits {budget:g} MiB per process: {'yes' if pred.fits(budget) else 'no'}")
+
+
+def rank_key(pred, objective: str) -> tuple:  # noqa: ANN001
+    """Best first: by step (or peak, for ``largest``) to a tenth of a millisecond (a MiB), then the
+    simpler plan (fewer processes, fewer devices, fewer micro-batches), then the other figure."""
+    plan = pred.plan
+    simpler = (plan.processes, plan.devices_per_process, plan.num_micro_batches)
+    if objective == "largest":
+        return (round(pred.peak_mib), *simpler, pred.step_s)
+    return (round(pred.step_s, 4), *simpler, pred.peak_mib)
 
 
 def preflight(model: str, path: Path) -> str | None:
@@ -190,10 +200,7 @@ def plan(args: argparse.Namespace) -> int:
     )
     _progress(f"predicting {len(plans)} plans")
     preds = [predict.predict(model_costs, p, link, latency) for p in plans]
-    if args.objective == "largest":
-        preds.sort(key=lambda p: (p.peak_mib, p.step_s))
-    else:
-        preds.sort(key=lambda p: (p.step_s, p.peak_mib))
+    preds.sort(key=lambda p: rank_key(p, args.objective))
     fitting = [p for p in preds if not budget or p.fits(budget)]
     over = sorted((p for p in preds if budget and not p.fits(budget)), key=lambda p: p.peak_mib)
     if args.json:

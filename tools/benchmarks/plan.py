@@ -231,9 +231,12 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from params import experiment
+    from tools import plan as tool
     from trainer.planning import candidates, costs, plan_file, predict
 
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = (
+        QUICK_SIZES if args.quick else [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    )
     steps = 3 if args.quick else args.train_steps
     records = []
     plan_seconds = []
@@ -253,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         plans = list(candidates.enumerate_plans(model_costs, args.processes))
         preds = [predict.predict(model_costs, p, link, latency) for p in plans]
-        fitting = sorted((p for p in preds if p.fits(args.budget_mib)), key=lambda p: p.step_s)
+        fitting = sorted(
+            (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
+        )
         plan_seconds.append(time.monotonic() - start)
         picked = pick(preds, 2 if args.quick else args.plans, args.quick)
         choice = fitting[0] if fitting else None
@@ -304,6 +309,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--processes", type=int, default=5, help="N: the processes the planner may use.")
     parser.add_argument("--budget_mib", type=float, default=2000.0, help="Memory per process.")
+    parser.add_argument(
+        "--sizes", default=",".join(f"{a}x{b}" for a, b in SIZES), help="Sizes (layers x width) to check."
+    )
     parser.add_argument("--plans", type=int, default=20, help="Plans trained per size (at least).")
     parser.add_argument("--train_steps", type=int, default=5, help="Steps each plan trains.")
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
