@@ -83,7 +83,8 @@ def current_plan(root, costs, prefix: str):  # noqa: ANN001, ANN201
     node = root.task
     for part in prefix.split("."):
         node = node.get(part)
-    k, v = int(node.num_stages) or 1, int(node.virtual_stages)
+    v = int(node.virtual_stages)
+    k = int(node.num_stages) or max(1, (len(list(node.split_points)) + 1) // v)
     batch = costs.batch_size
     m = int(node.num_micro_batches) if not node.micro_batch_size else batch // int(node.micro_batch_size)
     if list(node.split_points):

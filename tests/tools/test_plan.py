@@ -75,7 +75,7 @@ def test_the_chosen_plan_is_written_and_trains_unchanged(planned, tmp_path):
     path = work / f"plan_{MODEL}.txt"
     text = path.read_text()
     assert "task.stack.pipeline.num_micro_batches :" in text and "cluster.intra_op_threads : 1" in text
-    assert "best plans of" in result.stdout and "plan: computing" not in result.stderr
+    assert "best plans of" in result.stdout and "with the trainer's preflight" in result.stderr
     assert "timing 1 distinct layer(s) of 2" in result.stderr  # progress a person can follow
     command = next(line.strip() for line in result.stderr.splitlines() if "--params_file_override=" in line)
     assert command.startswith(".venv/bin/python -m trainer --model=") and str(path) in command

@@ -45,11 +45,73 @@ QUICK_SIZES = [(2, 32)]
 MODEL = "lm.synthetic.GPipeTransformerLM"
 
 
-def bindings(layers: int, width: int) -> list[str]:
+def bindings(layers: int, width: int, short: bool | None = None) -> list[str]:
+    """The capacity family's gin bindings at one size (``short``, default below 8 layers: sequences
+    of 16, the quick form's)."""
     knobs = dict(capacity.BASE, num_layers=layers, model_dim=width, hidden_dim=4 * width)
-    if layers < 8:
+    if short or (short is None and layers < 8):
         knobs["seq_length"] = 16
     return [f"GPipeTransformerLM.{k} = {v}" for k, v in knobs.items()]
+
+
+def planned_largest(
+    ladder: list, budget_mib: float, processes: int, train_steps: int, timeout: float, verbose: bool
+) -> dict:
+    """The capacity benchmark's ``planned_k4`` row: the largest size of ``ladder`` for which the
+    planner has a plan on ``processes`` processes under ``budget_mib`` (galloping then bisecting, as
+    ``capacity.climb``: the family's memory grows with the rungs), that plan trained ``train_steps``
+    steps with every process's peak (VmHWM) read."""
+    from params import experiment
+    from tools import plan as tool
+    from trainer.planning import candidates, costs, plan_file, predict
+
+    def say(message: str) -> None:
+        if verbose:
+            print(f"capacity benchmark: planned_k4: {message}", file=sys.stderr, flush=True)
+
+    def best_plan(layers: int, width: int):  # noqa: ANN202
+        root = experiment.resolve(MODEL, gin_bindings=bindings(layers, width, short=False))
+        sizes = candidates.micro_batch_sizes(int(root.input.train.batch_size), processes)
+        model_costs, _, _ = costs.load_or_measure(root, f"{MODEL}-{layers}x{width}", sizes, say)
+        link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
+        plans = candidates.enumerate_plans(model_costs, processes)
+        preds = [predict.predict(model_costs, p, link, latency) for p in plans]
+        fitting = sorted(
+            (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
+        )
+        say(f"{layers}x{width}: {fitting[0].plan.name() if fitting else 'no plan fits'}")
+        return (fitting[0], costs.pipeline_prefix(root), model_costs) if fitting else None
+
+    fits, fails, step, found, failure = -1, len(ladder), 1, None, None
+    while fails - fits > 1:
+        i = min(fits + step, fails - 1) if failure is None else (fits + fails) // 2
+        best = best_plan(*ladder[i])
+        if best is None:
+            fails, failure = i, f"{ladder[i][0]}x{ladder[i][1]}: no plan fits"
+            continue
+        fits, step, found = i, step * 2, best
+    if found is None:
+        return {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None, "stopped_by": failure}
+    pred, prefix, model_costs = found
+    layers, width = ladder[fits]
+    text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
+    stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
+    # replicas: one replica's process is trained (each of the R the trainer starts is alike)
+    m = measure_plan(text, stages, layers, width, train_steps, timeout, short=False)
+    peak = max(m["peaks_mib"]) if m.get("ok") else None
+    trained = bool(m.get("ok")) and peak <= budget_mib
+    return {
+        "params": model_costs.total_params if trained else 0,
+        "layers": layers,
+        "width": width,
+        "plan": pred.plan.name(),
+        "predicted_peak_mib": round(pred.peak_mib, 1),
+        "peak_rss_mib": peak,
+        "peaks_mib": m.get("peaks_mib"),
+        "stopped_by": failure or "the ladder's largest size fits: extend LADDER",
+        "trained_under_budget": trained,
+        "why": m.get("why"),
+    }
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -96,14 +158,20 @@ def run_worker(spec: dict) -> int:
 
 # ------------------------------------------------------------------------------------------ driver
 def measure_plan(
-    plan_text: str, stages: int, layers: int, width: int, train_steps: int, timeout: float
+    plan_text: str,
+    stages: int,
+    layers: int,
+    width: int,
+    train_steps: int,
+    timeout: float,
+    short: bool | None = None,
 ) -> dict:
     """Trains one plan; its step (median of the last 3) and every process's peak (trainer first)."""
     from tools import local_cluster
 
     spec = {
         "model": MODEL,
-        "bindings": bindings(layers, width),
+        "bindings": bindings(layers, width, short),
         "plan_text": plan_text,
         "mode": "stages" if stages else "in_process",
         "train_steps": train_steps,

@@ -66,10 +66,11 @@ def cache_dir() -> Path:
 
 def pipeline_prefix(root: Params) -> str | None:
     """The key of the task's GPipe template under ``task`` (e.g. ``stack.pipeline``), or None."""
-    for key, _ in root.task:
+    keys = {key for key, _ in root.task}
+    for key in sorted(keys):
         if key.endswith(".virtual_stages"):
             prefix = key[: -len(".virtual_stages")]
-            if f"{prefix}.num_micro_batches" in dict(root.task):
+            if f"{prefix}.num_micro_batches" in keys:
                 return prefix
     return None
 
