@@ -115,7 +115,6 @@ def test_current_predicts_the_experiment_as_configured_from_the_cache(planned):
         "negative_budget",
         "unparsable_budget",
         "no_processes",
-        "no_pipeline",
         "none_fits",
     ],
 )

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -151,7 +150,8 @@ def run_worker(spec: dict) -> int:
         finite, _ = step.run(1)
         step.placement.host(finite).numpy()
         times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, from the driver that started this
+    peak = harness.peak_rss_bytes(os.getpid()) / 2**20
     print(json.dumps({"times": times, "peak_rss_mib": peak}), flush=True)
     os._exit(0)
 

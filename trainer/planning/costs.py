@@ -239,8 +239,9 @@ def _rest_seconds(root: Params, task_params: Params, layer_sum: float) -> float:
     return max(statistics.median(times) - layer_sum, 0.0)
 
 
+# The peak is VmHWM (this process's own), not ru_maxrss: Linux carries ru_maxrss over exec, so a
+# process started by a large one (the planner, after its measurements) would report its parent's.
 BASELINE_CODE = """
-import resource
 from trainer import tf_startup
 tf_startup.use_system_allocator()
 tf = tf_startup.import_tensorflow()
@@ -254,7 +255,8 @@ def step():
     return loss
 for _ in range(3):
     step().numpy()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+print(int(hwm.split()[1]) / 1024)
 """
 
 

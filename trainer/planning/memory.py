@@ -11,7 +11,7 @@
     workspace    the step's temporaries: one micro-batch's recomputed activations under remat, the
                  largest layer's backward temporaries, the loss's logits and their gradient
     graph        the traced step's graph: its op count (each layer's measured gradient graph, per
-                 micro-batch and unit) times ``GRAPH_NODE_BYTES``
+                 micro-batch and unit) times ``GRAPH_NODE_BYTES`` of the process's kind
     all_reduce   replicas: one more copy of the gradients, the all-reduce's buffer
 
 What it leaves out is in docs/plan.md.
@@ -25,10 +25,14 @@ from collections.abc import Sequence
 from trainer.planning.costs import ModelCosts
 
 MIB = 2**20
-# Bytes one node of a traced step keeps resident (its graph, the optimized copy, the kernels' state):
-# the capacity benchmark's GPipe trainer at 8 x 128 (27,012 nodes) peaked ~360 MiB above a bare
-# TensorFlow process with a few MiB of weights and activations.
-GRAPH_NODE_BYTES = 13 * 1024
+# Bytes one node of a traced step keeps resident beyond the baseline (its graph, the optimized
+# copies, the executors' state, the runtime it brings up), per kind of process: fitted on measured
+# runs of the capacity family at 8 x 128 (batch 64, sequences of 32; VmHWM less the other items, over
+# the nodes counted here): K=2 on logical devices, M=4, fill-drain (496 MiB over 11.6k nodes); K=2
+# stage processes, M=4 fill-drain and M=8 1F1B remat always (the trainer 349 MiB over 11.6k and 656
+# over 31k nodes, each stage 143 over 5.8k and 225 over 15.5k): the largest ratio of each kind, so
+# that these runs are not under-predicted.
+GRAPH_NODE_BYTES = {"in_process": 43 * 1024, "stage_trainer": 30 * 1024, "stage": 25 * 1024}
 ITEMS = ("baseline", "weights", "gradients", "optimizer", "activations", "workspace", "graph", "all_reduce")
 
 

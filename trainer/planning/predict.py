@@ -136,21 +136,25 @@ def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency
         items = memory.state_items(costs, params)
         items["activations"] = float(held[d])
         items["workspace"] = float(work)
-        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat) * memory.GRAPH_NODE_BYTES
+        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat)  # nodes; bytes below
         devices.append(items)
     base = costs.baseline_mib * MIB
     other = memory.state_items(costs, float(costs.other_params))
     other["workspace"] = float(b * m * costs.example_bytes)  # the embedding's output for the batch
+    node_bytes = memory.GRAPH_NODE_BYTES
+    nodes = sum(dev["graph"] for dev in devices)
     if remote:
         processes = [ProcessMemory("trainer", {"baseline": base, **other})]
-        processes[0].items["graph"] = sum(dev["graph"] for dev in devices)
+        processes[0].items["graph"] = nodes * node_bytes["stage_trainer"]
         for d, items in enumerate(devices):
+            items["graph"] *= node_bytes["stage"]
             processes.append(ProcessMemory(f"stage {d}", {"baseline": base, **items}))
         sent = [float(m * handoff)]
         sent += [float(m * handoff) * ((d < k - 1) + 1) for d in range(k)]
     else:
         total = {"baseline": base, **other}
         for items in devices:
+            items["graph"] *= node_bytes["in_process"]
             for key, value in items.items():
                 total[key] = total.get(key, 0.0) + value
         if plan.replicas > 1:
