@@ -275,6 +275,8 @@ def pick(preds: list, count: int, quick: bool) -> list:
     take(lambda q: q.placement == "logical" and q.num_stages in (2, 4), 3)
     while len(chosen) < count and len(chosen) < len(preds):
         take(lambda q: True)
+    if len(chosen) > count:  # fewer asked for than the ground needs: an even spread of it
+        chosen = [chosen[round(i * len(chosen) / count)] for i in range(count)]
     return chosen
 
 
@@ -380,7 +382,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--sizes", default=",".join(f"{a}x{b}" for a, b in SIZES), help="Sizes (layers x width) to check."
     )
-    parser.add_argument("--plans", type=int, default=20, help="Plans trained per size (at least).")
+    parser.add_argument(
+        "--plans",
+        type=int,
+        default=24,
+        help="Plans trained per size (the choice and the naive plan besides).",
+    )
     parser.add_argument("--train_steps", type=int, default=5, help="Steps each plan trains.")
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
     parser.add_argument("--quick", action="store_true", help="One tiny size, two plans (a smoke test).")

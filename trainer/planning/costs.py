@@ -10,14 +10,16 @@ sizes not yet measured are measured and added; delete the file to measure again.
 
 How: the task is built without its pipeline (the stack's layers in one process, on the host CPU);
 layers of equal Params are measured once. For each micro-batch size b, a layer's forward, its
-forward with the input's gradient, and its forward with every gradient are traced as graph
-functions on a random [b, ...] input and timed (the median of ``REPEATS`` runs after two warm-ups);
-the backward is the last minus the forward, its input half the second minus the forward, its weight
-half the rest. The bytes kept are the forward's output tensors that the traced gradient reads (the
-activations a backward needs), read off the graph. The step outside the stack (embedding, loss,
-optimizer) is a plain training step of the whole model at the full batch minus its layers' forward
-and backward. TensorFlow's footprint is the peak resident memory of a fresh process that imports the
-trainer and runs a tiny graph function with its gradient. The link is a loopback TCP transfer.
+forward with the input's gradient, and its forward with every gradient are traced as graph functions
+on a random [b, ...] input and timed (the median of ``REPEATS`` runs after two warm-ups), less the
+time of calling a graph function that only sums its input (the call's own cost, which a unit inside
+the traced step does not pay); the backward is the last minus the forward, its input half the second
+minus the forward, its weight half the rest. The bytes kept are the forward's output tensors that
+the traced gradient reads (the activations a backward needs), read off the graph. The step outside
+the stack (embedding, loss, optimizer) is a plain training step of the whole model at the full batch
+minus its layers' forward and backward. TensorFlow's footprint is the peak resident memory of a
+fresh process that imports the trainer and runs a tiny graph function with its gradient. The link is
+a loopback TCP transfer.
 """
 
 from __future__ import annotations
@@ -190,9 +192,12 @@ def _layer_figures(layer: Any, width: int, seq: int, b: int) -> dict[str, float]
     f = tf.function(forward, autograph=False)
     fi = tf.function(lambda x: with_grads(x, False), autograph=False)
     fb = tf.function(lambda x: with_grads(x, True), autograph=False)
-    t_f = _median_seconds(lambda: f(x))
-    t_i = _median_seconds(lambda: fi(x))
-    t_b = _median_seconds(lambda: fb(x))
+    empty = tf.function(lambda x: tf.reduce_sum(x), autograph=False)
+    # A call's own cost (dispatch, the sum), which a unit inside a traced step does not pay.
+    t_call = _median_seconds(lambda: empty(x))
+    t_f = max(_median_seconds(lambda: f(x)) - t_call, 0.0)
+    t_i = _median_seconds(lambda: fi(x)) - t_call
+    t_b = _median_seconds(lambda: fb(x)) - t_call
     graph = fb.get_concrete_function(x).graph
     kept = _kept_bytes(graph)
     return {

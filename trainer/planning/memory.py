@@ -27,7 +27,7 @@ from trainer.planning.costs import ModelCosts
 MIB = 2**20
 # Bytes one node of a traced step keeps resident beyond the baseline (its graph, the optimized
 # copies, the executors' state, the runtime it brings up), per kind of process: fitted on measured
-# runs of the capacity family at 8 x 128 (batch 64, sequences of 32; VmHWM less the other items, over
+# runs of the capacity family at 8 x 128 (batch 8, sequences of 128; VmHWM less the other items, over
 # the nodes counted here): K=2 on logical devices, M=4, fill-drain (496 MiB over 11.6k nodes); K=2
 # stage processes, M=4 fill-drain and M=8 1F1B remat always (the trainer 349 MiB over 11.6k and 656
 # over 31k nodes, each stage 143 over 5.8k and 225 over 15.5k): the largest ratio of each kind, so
