@@ -3,12 +3,13 @@
 On the capacity benchmark's Transformer LM family (``capacity.LADDER``, ``capacity.BASE``: 8 layers,
 sequences of 128, batch 8) at two sizes (``SIZES``: a small one, one near a 2 GiB per-process
 budget), the planner measures its costs (cached, as ``tools.plan`` does), enumerates its plans for
-``--processes`` processes and predicts each one; ``pick`` takes at least ``--plans`` of them covering
+``--processes`` processes and predicts each one; ``pick`` takes ``--plans`` of them (24) covering
 in-process GPipe, stage processes at K = 2 and K = 4, M from K to 4K, three schedules, remat never
-and always, plus the planner's choice and the naive plan (GPipe K = N - 1 stage processes, uniform
-cuts, M = K, fill-drain, remat never). Each is trained ``--train_steps`` steps (5) in worker
-processes placed as the plan says (``--worker=JSON``; stage processes and their trainer as
-``tools.local_cluster --stages=K`` would start them), its step the median of the last 3, every
+and always (fewer asked for: an even spread of that set), plus the planner's choice and the naive
+plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). Each is
+trained ``--train_steps`` steps (5) in worker processes placed as the plan says (``--worker=JSON``;
+stage processes and their trainer as ``tools.local_cluster --stages=K`` would start them), its step
+the median of the last 3, every
 process's peak its VmHWM. Figures, one JSON line each:
 
     plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
