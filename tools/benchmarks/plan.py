@@ -9,8 +9,7 @@ and always (fewer asked for: an even spread of that set), plus the planner's cho
 plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). Each is
 trained ``--train_steps`` steps (5) in worker processes placed as the plan says (``--worker=JSON``;
 stage processes and their trainer as ``tools.local_cluster --stages=K`` would start them), its step
-the median of the last 3, every
-process's peak its VmHWM. Figures, one JSON line each:
+the median of the last 3, every process's peak its VmHWM. Figures, one JSON line each:
 
     plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
     plan_step_error_median    median |measured / predicted - 1| of the step
