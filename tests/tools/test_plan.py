@@ -201,3 +201,19 @@ def test_the_benchmark_checks_the_models_against_measured_runs(planned):
         "plan_memory_under_max", "plan_choice_vs_best", "plan_choice_vs_naive", "plan_seconds",
     }  # fmt: skip
     assert figures["plan_memory_error_median"] < 0.25 and figures["plan_seconds"] < 60
+
+
+def test_plans_are_ranked_by_the_objective_then_simpler_first():
+    from tools import plan as tool
+
+    def pred(placement, k, m, step, peak_mib):
+        p = predict.Prediction(candidates.Plan(placement, k, m, "fill_drain", "never"), step, 0.0, [], [])
+        p.processes = [memory.ProcessMemory("process", {"baseline": peak_mib * memory.MIB})]
+        return p
+
+    fast_big = pred("stage_processes", 2, 2, 0.10, 900)
+    same_simpler = pred("one_process", 1, 2, 0.10002, 950)
+    slow_small = pred("logical", 2, 4, 0.20, 600)
+    preds = [fast_big, slow_small, same_simpler]
+    assert sorted(preds, key=lambda p: tool.rank_key(p, "step_time")) == [same_simpler, fast_big, slow_small]
+    assert sorted(preds, key=lambda p: tool.rank_key(p, "largest"))[0] is slow_small
