@@ -1,6 +1,7 @@
 """What each process of a plan holds at its peak, item by item (bytes).
 
     baseline     TensorFlow's own footprint (costs.baseline_mib: a fresh process's peak)
+    runtime      what a process of its kind brings up beyond the baseline (``RUNTIME_BYTES``)
     weights      float32 variables the process owns
     gradients    their gradient sums (one float32 copy of the weights)
     optimizer    the optimizer's slots (Adam: two copies of the weights)
@@ -25,15 +26,27 @@ from collections.abc import Sequence
 from trainer.planning.costs import ModelCosts
 
 MIB = 2**20
-# Bytes one node of a traced step keeps resident beyond the baseline (its graph, the optimized
-# copies, the executors' state, the runtime it brings up), per kind of process: fitted on measured
-# runs of the capacity family at 8 x 128 (batch 8, sequences of 128; VmHWM less the other items, over
-# the nodes counted here): K=2 on logical devices, M=4, fill-drain (496 MiB over 11.6k nodes); K=2
-# stage processes, M=4 fill-drain and M=8 1F1B remat always (the trainer 349 MiB over 11.6k and 656
-# over 31k nodes, each stage 143 over 5.8k and 225 over 15.5k): the largest ratio of each kind, so
-# that these runs are not under-predicted.
-GRAPH_NODE_BYTES = {"in_process": 43 * 1024, "stage_trainer": 30 * 1024, "stage": 25 * 1024}
-ITEMS = ("baseline", "weights", "gradients", "optimizer", "activations", "workspace", "graph", "all_reduce")
+# What a process of each kind keeps beyond the baseline besides its model (``runtime``: for stage
+# processes and their trainer, the gRPC server and the remote functions' machinery), and the bytes
+# one node of its traced step keeps (its graph, the optimized copies, the executors' state). Fitted
+# on measured runs of the capacity family at 8 x 128 (batch 8, sequences of 128; VmHWM less the other
+# items, against the nodes counted here): K=2 stage processes at M=2 and M=4 fill-drain and M=8 1F1B
+# remat always (the trainer 266, 349 and 656 MiB over 5.8k, 11.6k and 31k nodes; each stage about
+# 150, 143 and 225 MiB over 2.9k, 5.8k and 15.5k); K=2 on logical devices, M=4 fill-drain (495 MiB
+# over 11.6k nodes) and the tiny quick-form model (tens of MiB).
+RUNTIME_BYTES = {"in_process": 0.0, "stage_trainer": 178.0 * MIB, "stage": 140.0 * MIB}
+GRAPH_NODE_BYTES = {"in_process": 43 * 1024, "stage_trainer": 16 * 1024, "stage": 6 * 1024}
+ITEMS = (
+    "baseline",
+    "runtime",
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "workspace",
+    "graph",
+    "all_reduce",
+)
 
 
 @dataclasses.dataclass

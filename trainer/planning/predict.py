@@ -144,11 +144,16 @@ def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency
     node_bytes = memory.GRAPH_NODE_BYTES
     nodes = sum(dev["graph"] for dev in devices)
     if remote:
-        processes = [ProcessMemory("trainer", {"baseline": base, **other})]
+        runtime = memory.RUNTIME_BYTES
+        processes = [
+            ProcessMemory("trainer", {"baseline": base, "runtime": runtime["stage_trainer"], **other})
+        ]
         processes[0].items["graph"] = nodes * node_bytes["stage_trainer"]
         for d, items in enumerate(devices):
             items["graph"] *= node_bytes["stage"]
-            processes.append(ProcessMemory(f"stage {d}", {"baseline": base, **items}))
+            processes.append(
+                ProcessMemory(f"stage {d}", {"baseline": base, "runtime": runtime["stage"], **items})
+            )
         sent = [float(m * handoff)]
         sent += [float(m * handoff) * ((d < k - 1) + 1) for d in range(k)]
     else:
