@@ -136,7 +136,8 @@ def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency
         items = memory.state_items(costs, params)
         items["activations"] = float(held[d])
         items["workspace"] = float(work)
-        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat)  # nodes; bytes below
+        split = plan.schedule in schedule.SPLIT_BACKWARD
+        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat, split)  # nodes; bytes below
         devices.append(items)
     base = costs.baseline_mib * MIB
     other = memory.state_items(costs, float(costs.other_params))
