@@ -173,8 +173,9 @@ def test_remat_and_one_f_one_b_hold_less_than_fill_drain_never():
 
 def test_the_benchmark_checks_the_models_against_measured_runs(planned):
     """The quick form: two plans of the capacity family's tiny size trained in worker processes.
-    The memory model must hold (every process within 25% of its prediction: the baseline dominates at
-    this size); the step only roughly (the machine is shared), and the figures must all be there."""
+    The memory model must hold (no process more than 5% above its prediction, none 30% below: its
+    constants are fitted on a larger model); the step only roughly (the machine is shared); and the
+    figures must all be there."""
     env, _, _ = planned
     result = subprocess.run(
         [sys.executable, "-m", "tools.benchmark", "plan", "--quick"],
@@ -194,7 +195,7 @@ def test_the_benchmark_checks_the_models_against_measured_runs(planned):
     for r in runs:
         predicted = [sum(items.values()) for items in r["memory_mib"].values()]
         for p, m in zip(predicted, r["measured"]["peaks_mib"]):
-            assert abs(m / p - 1) < 0.25, (r["plan"], predicted, r["measured"]["peaks_mib"])
+            assert 0.7 < m / p < 1.05, (r["plan"], predicted, r["measured"]["peaks_mib"])
         assert 0.1 < r["measured"]["step_s"] / r["step_s"] < 10, r
     assert set(figures) == {
         "plan_step_rank_corr", "plan_step_error_median", "plan_step_error_max", "plan_memory_error_median",

@@ -9,7 +9,9 @@ and always (fewer asked for: an even spread of that set), plus the planner's cho
 plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). Each is
 trained ``--train_steps`` steps (5) in worker processes placed as the plan says (``--worker=JSON``;
 stage processes and their trainer as ``tools.local_cluster --stages=K`` would start them), its step
-the median of the last 3, every process's peak its VmHWM. Figures, one JSON line each:
+the median of the last 3, every process's peak its VmHWM. Replicas are left out of the enumeration
+here (measuring them needs the sync cluster ``tools.local_cluster --workers=R`` starts, which these
+workers do not). Figures, one JSON line each:
 
     plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
     plan_step_error_median    median |measured / predicted - 1| of the step
@@ -324,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
         model_costs, _, _ = costs.load_or_measure(root, name, sample, progress)
         start = time.monotonic()
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
-        plans = list(candidates.enumerate_plans(model_costs, args.processes))
+        plans = list(candidates.enumerate_plans(model_costs, args.processes, max_replicas=1))
         preds = [predict.predict(model_costs, p, link, latency) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")

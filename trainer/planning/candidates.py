@@ -102,14 +102,19 @@ def micro_batch_sizes(batch: int, processes: int) -> list[int]:
 
 
 def enumerate_plans(
-    costs: ModelCosts, processes: int, devices_per_process: int = 0, stage_mesh: bool = False
+    costs: ModelCosts,
+    processes: int,
+    devices_per_process: int = 0,
+    stage_mesh: bool = False,
+    max_replicas: int | None = None,
 ) -> Iterator[Plan]:
     """Every plan of module doc for ``processes`` processes; ``devices_per_process`` 0: any number
-    of logical devices; ``stage_mesh``: the experiment shards its stages (pipeline_mesh plans)."""
+    of logical devices; ``stage_mesh``: the experiment shards its stages (pipeline_mesh plans);
+    ``max_replicas``: at most that many replicas (None: ``processes``)."""
     batch, layers = costs.batch_size, costs.num_layers
     max_devices = devices_per_process or 2 * layers
-    for replicas in range(1, processes + 1):
-        if batch % replicas:
+    for replicas in range(1, (max_replicas or processes) + 1):
+        if batch % replicas or replicas > processes:
             continue
         local = batch // replicas
         shapes = [("one_process", 1, 1)]

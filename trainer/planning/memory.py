@@ -32,10 +32,10 @@ MIB = 2**20
 # on measured runs of the capacity family at 8 x 128 (batch 8, sequences of 128; VmHWM less the other
 # items, against the nodes counted here): K=2 stage processes at M=2 and M=4 fill-drain and M=8 1F1B
 # remat always (the trainer 266, 349 and 656 MiB over 5.8k, 11.6k and 31k nodes; each stage about
-# 150, 143 and 225 MiB over 2.9k, 5.8k and 15.5k); K=2 on logical devices, M=4 fill-drain (495 MiB
-# over 11.6k nodes) and the tiny quick-form model (tens of MiB).
-RUNTIME_BYTES = {"in_process": 0.0, "stage_trainer": 178.0 * MIB, "stage": 140.0 * MIB}
-GRAPH_NODE_BYTES = {"in_process": 43 * 1024, "stage_trainer": 16 * 1024, "stage": 6 * 1024}
+# 150, 143 and 225 MiB over 2.9k, 5.8k and 15.5k); one process M=1, K=2 on logical devices at M=2
+# 1F1B and M=4 fill-drain (277, 364 and 495 MiB over 2.9k, 5.8k and 11.6k nodes).
+RUNTIME_BYTES = {"in_process": 205.0 * MIB, "stage_trainer": 178.0 * MIB, "stage": 140.0 * MIB}
+GRAPH_NODE_BYTES = {"in_process": 27 * 1024, "stage_trainer": 16 * 1024, "stage": 6 * 1024}
 ITEMS = (
     "baseline",
     "runtime",

@@ -158,7 +158,7 @@ def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency
         sent = [float(m * handoff)]
         sent += [float(m * handoff) * ((d < k - 1) + 1) for d in range(k)]
     else:
-        total = {"baseline": base, **other}
+        total = {"baseline": base, "runtime": memory.RUNTIME_BYTES["in_process"], **other}
         for items in devices:
             items["graph"] *= node_bytes["in_process"]
             for key, value in items.items():
