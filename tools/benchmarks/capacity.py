@@ -52,6 +52,11 @@ and in micro-batches with remat. A placement across processes of another kind is
 in ``ROWS`` whose worker builds its ``TrainStep`` in ``build_step``. Figures: ``capacity_params`` per
 row (with ``placement``, ``stopped_by`` and every process's peak), and ``capacity_ratio_gpipe_k4``
 (gpipe_k4's parameters over one_process_plain's); then the table a person reads.
+
+The row ``planned_k4`` is not a ``Row``: the planner (``tools.plan``; ``planned_largest`` in
+tools/benchmarks/plan.py) climbs the ladder by its predictions alone, then its plan for the largest
+size it says fits 5 processes (gpipe_k4's) is trained; ``capacity_ratio_planned_k4`` is that size's
+parameters over one_process_plain's (0 parameters when a process of the run passed the budget).
 """
 
 from __future__ import annotations
@@ -68,13 +73,7 @@ import time
 from collections.abc import Callable
 
 from tools.benchmarks import harness
-
-LADDER = [
-    (8, w)
-    for w in (128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1152, 1280, 1536, 1792, 2048)
-]
-QUICK_LADDER = [(4, 32), (8, 64)]  # 4 layers and more: a layer for each stage of gpipe_k4
-BASE = {"num_heads": 4, "seq_length": 128, "batch_size": 8, "warmup_steps": 1, "max_steps": 10}
+from tools.benchmarks.lm_family import BASE, LADDER, QUICK_LADDER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +110,12 @@ ROWS = [
     Row("mesh_k2", 2, "lm.synthetic.MeshTransformerLM", _mesh_knobs(2), "mesh"),
     Row("mesh_k4", 4, "lm.synthetic.MeshTransformerLM", _mesh_knobs(4), "mesh"),
 ]
+
+
+# The row the planner places (tools.plan): the largest size for which it has a plan on gpipe_k4's
+# processes (4 stage processes and the trainer) under the budget, that plan trained as the others.
+PLANNED = "planned_k4"
+PLANNED_PROCESSES = 5
 
 
 def bindings(row: Row, layers: int, width: int) -> list[str]:
@@ -306,7 +311,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--budget_mib", type=float, default=2000.0, help="Peak resident memory per process.")
     parser.add_argument("--train_steps", type=int, default=3, help="Steps each size must train.")
-    parser.add_argument("--rows", default=",".join(r.placement for r in ROWS), help="Rows to measure.")
+    parser.add_argument(
+        "--rows", default=",".join([*(r.placement for r in ROWS), PLANNED]), help="Rows to measure."
+    )
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one size may take.")
     parser.add_argument("--quick", action="store_true", help="Two tiny sizes (a smoke test).")
     parser.add_argument("--verbose", action="store_true", help="Each trial on stderr.")
@@ -315,18 +322,27 @@ def main(argv: list[str]) -> int:
     if args.worker:
         return run_worker(json.loads(args.worker))
     known = {r.placement: r for r in ROWS}
-    names = harness.chosen_figures("capacity", args.rows, tuple(known))
+    names = harness.chosen_figures("capacity", args.rows, (*known, PLANNED))
     if names is None:
         return 2
     ladder = QUICK_LADDER if args.quick else LADDER
     table = []
     for name in names:
-        best = climb(known[name], ladder, args.budget_mib, args.train_steps, args.timeout_s, args.verbose)
+        if name == PLANNED:
+            from tools.benchmarks import plan
+
+            best = plan.planned_largest(
+                ladder, args.budget_mib, PLANNED_PROCESSES, args.train_steps, args.timeout_s, args.verbose
+            )
+        else:
+            best = climb(known[name], ladder, args.budget_mib, args.train_steps, args.timeout_s, args.verbose)
         harness.emit("capacity_params", best["params"], placement=name, budget_mib=args.budget_mib, **best)
         table.append((name, best))
     params = {name: best["params"] for name, best in table}
     if "gpipe_k4" in params and params.get("one_process_plain"):
         harness.emit("capacity_ratio_gpipe_k4", params["gpipe_k4"] / params["one_process_plain"])
+    if PLANNED in params and params.get("one_process_plain"):
+        harness.emit("capacity_ratio_planned_k4", params[PLANNED] / params["one_process_plain"])
     sizes = ", ".join(f"{layers}x{width}" for layers, width in ladder)
     print(f"\nlargest model under {args.budget_mib:g} MiB per process (layers x width: {sizes}):")
     print(f"{'placement':<20} {'layers x width':>14} {'parameters':>12} {'peak MiB':>9}")

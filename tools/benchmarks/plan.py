@@ -1,0 +1,405 @@
+"""``python -m tools.benchmark plan``: the planner (``tools.plan``) checked against measured runs.
+
+On the capacity benchmark's Transformer LM family (``lm_family.LADDER``, ``lm_family.BASE``: 8 layers,
+sequences of 128, batch 8) at two sizes (``SIZES``: a small one, one near a 2 GiB per-process
+budget), the planner measures its costs (cached, as ``tools.plan`` does), enumerates its plans for
+``--processes`` processes and predicts each one; ``pick`` takes ``--plans`` of them (24) covering
+in-process GPipe, stage processes at K = 2 and K = 4, M from K to 4K, three schedules, remat never
+and always (fewer asked for: an even spread of that set), plus the planner's choice and the naive
+plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). Each is
+trained ``--train_steps`` steps (5) in worker processes placed as the plan says (``--worker=JSON``;
+stage processes and their trainer as ``tools.local_cluster --stages=K`` would start them), its step
+the median of the last 3, every process's peak its VmHWM. Replicas are left out of the enumeration
+here (measuring them needs the sync cluster ``tools.local_cluster --workers=R`` starts, which these
+workers do not). Figures, one JSON line each:
+
+    plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
+    plan_step_error_median    median |measured / predicted - 1| of the step
+    plan_step_error_max       the largest
+    plan_memory_error_median  median |measured / predicted - 1| of every process's peak
+    plan_memory_under_max     the most a process peaked above its prediction (measured / predicted - 1)
+    plan_choice_vs_best       the planner's choice's measured step over the best measured step among
+                              the plans that fit (--budget_mib)
+    plan_choice_vs_naive      the naive plan's measured step over the choice's
+    plan_seconds              the planner's own time for one experiment, costs cached
+
+and ``plan_run`` per plan (predicted and measured step and peaks). ``--quick``: one tiny size, two
+plans (K = 2 on logical devices, K = 2 stage processes), 3 steps (a smoke test of the whole path;
+its figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tools.benchmarks import harness, lm_family
+
+SIZES = [(8, 128), (8, 512)]
+QUICK_SIZES = [(2, 32)]
+MODEL = "lm.synthetic.GPipeTransformerLM"
+
+
+def bindings(layers: int, width: int, short: bool | None = None) -> list[str]:
+    """The capacity family's gin bindings at one size (``short``, default below 8 layers: sequences
+    of 16, the quick form's)."""
+    knobs = dict(lm_family.BASE, num_layers=layers, model_dim=width, hidden_dim=4 * width)
+    if short or (short is None and layers < 8):
+        knobs["seq_length"] = 16
+    return [f"GPipeTransformerLM.{k} = {v}" for k, v in knobs.items()]
+
+
+def planned_largest(
+    ladder: list, budget_mib: float, processes: int, train_steps: int, timeout: float, verbose: bool
+) -> dict:
+    """The capacity benchmark's ``planned_k4`` row: the largest size of ``ladder`` for which the
+    planner has a plan on ``processes`` processes under ``budget_mib`` (galloping then bisecting, as
+    ``capacity.climb``: the family's memory grows with the rungs), that plan trained ``train_steps``
+    steps with every process's peak (VmHWM) read."""
+    from params import experiment
+    from tools import plan as tool
+    from trainer.planning import candidates, costs, plan_file, predict
+
+    def say(message: str) -> None:
+        if verbose:
+            print(f"capacity benchmark: planned_k4: {message}", file=sys.stderr, flush=True)
+
+    def best_plan(layers: int, width: int):  # noqa: ANN202
+        root = experiment.resolve(MODEL, gin_bindings=bindings(layers, width, short=False))
+        sizes = candidates.micro_batch_sizes(int(root.input.train.batch_size), processes)
+        model_costs, _, _ = costs.load_or_measure(root, f"{MODEL}-{layers}x{width}", sizes, say)
+        link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
+        plans = candidates.enumerate_plans(model_costs, processes)
+        preds = [predict.predict(model_costs, p, link, latency) for p in plans]
+        fitting = sorted(
+            (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
+        )
+        say(f"{layers}x{width}: {fitting[0].plan.name() if fitting else 'no plan fits'}")
+        return (fitting[0], costs.pipeline_prefix(root), model_costs) if fitting else None
+
+    fits, fails, step, found, failure = -1, len(ladder), 1, None, None
+    while fails - fits > 1:
+        i = min(fits + step, fails - 1) if failure is None else (fits + fails) // 2
+        best = best_plan(*ladder[i])
+        if best is None:
+            fails, failure = i, f"{ladder[i][0]}x{ladder[i][1]}: no plan fits"
+            continue
+        fits, step, found = i, step * 2, best
+    if found is None:
+        return {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None, "stopped_by": failure}
+    pred, prefix, model_costs = found
+    layers, width = ladder[fits]
+    text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
+    stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
+    # replicas: one replica's process is trained (each of the R the trainer starts is alike)
+    m = measure_plan(text, stages, layers, width, train_steps, timeout, short=False)
+    peak = max(m["peaks_mib"]) if m.get("ok") else None
+    trained = bool(m.get("ok")) and peak <= budget_mib
+    return {
+        "params": model_costs.total_params if trained else 0,
+        "layers": layers,
+        "width": width,
+        "plan": pred.plan.name(),
+        "predicted_peak_mib": round(pred.peak_mib, 1),
+        "peak_rss_mib": peak,
+        "peaks_mib": m.get("peaks_mib"),
+        "stopped_by": failure or "the ladder's largest size fits: extend LADDER",
+        "trained_under_budget": trained,
+        "why": m.get("why"),
+    }
+
+
+# ------------------------------------------------------------------------------------------ worker
+def _resolve(spec: dict):
+    from params import experiment
+
+    override = spec["plan_text"] + ("cluster.stage_job : 'worker'\n" if spec["mode"] == "stages" else "")
+    return experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
+
+
+def run_worker(spec: dict) -> int:
+    """One process of a plan: a stage task (serves until killed) or the trainer (prints its steps)."""
+    from trainer import tf_startup
+
+    tf_startup.use_system_allocator()  # as the trainer binary's processes
+    tf_startup.import_tensorflow()
+    from params import experiment
+    from trainer import cluster
+    from trainer.distributed import remote_stages
+    from trainer.distributed.mesh_placement import make_train_step
+    from trainer.train_step import TrainStep
+
+    root = _resolve(spec)
+    if spec.get("stage"):
+        return remote_stages.serve(root, spec["cluster_spec"], spec["task_index"], log=lambda _: None)
+    task_params = experiment.task_params_for(root, "train")
+    if spec["mode"] == "stages":
+        stages = remote_stages.stage_cluster(root.cluster, spec["cluster_spec"])
+        cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
+        step = TrainStep(task_params, root.input.train, remote_stages.placement(stages, log=lambda _: None))
+    else:
+        cluster.configure(root.cluster)
+        step = make_train_step(root.cluster, task_params, root.input.train)
+    times = []
+    for _ in range(spec["train_steps"]):
+        start = time.perf_counter()
+        finite, _ = step.run(1)
+        step.placement.host(finite).numpy()
+        times.append(time.perf_counter() - start)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, from the driver that started this
+    peak = harness.peak_rss_bytes(os.getpid()) / 2**20
+    print(json.dumps({"times": times, "peak_rss_mib": peak}), flush=True)
+    os._exit(0)
+
+
+# ------------------------------------------------------------------------------------------ driver
+def measure_plan(
+    plan_text: str,
+    stages: int,
+    layers: int,
+    width: int,
+    train_steps: int,
+    timeout: float,
+    short: bool | None = None,
+) -> dict:
+    """Trains one plan; its step (median of the last 3) and every process's peak (trainer first)."""
+    from tools import local_cluster
+
+    spec = {
+        "model": MODEL,
+        "bindings": bindings(layers, width, short),
+        "plan_text": plan_text,
+        "mode": "stages" if stages else "in_process",
+        "train_steps": train_steps,
+    }
+    specs = []
+    if stages:
+        ports = local_cluster.free_ports(stages)
+        spec["cluster_spec"] = "worker=" + ",".join(f"127.0.0.1:{p}" for p in ports)
+        specs = [dict(spec, stage=True, task_index=k) for k in range(stages)]
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="plan_bench_") as tmp:
+        try:
+            for i, s in enumerate(specs + [spec]):
+                with open(f"{tmp}/{i}.out", "w") as out, open(f"{tmp}/{i}.err", "w") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "tools.benchmarks.plan", f"--worker={json.dumps(s)}"],
+                            cwd=harness.REPO_ROOT,
+                            stdout=out,
+                            stderr=err,
+                        )
+                    )
+            trainer = procs[-1]
+            stage_peaks = [0.0] * len(specs)
+            deadline = time.monotonic() + timeout
+            while trainer.poll() is None:
+                for k, proc in enumerate(procs[:-1]):
+                    if proc.poll() is None:
+                        stage_peaks[k] = max(stage_peaks[k], _peak_mib(proc.pid))
+                if time.monotonic() > deadline:
+                    return {"ok": False, "why": f"not done within {timeout:g} s"}
+                time.sleep(0.3)
+            lines = [x for x in open(f"{tmp}/{len(specs)}.out").read().splitlines() if x.startswith("{")]
+            if trainer.returncode != 0 or not lines:
+                tail = (open(f"{tmp}/{len(specs)}.err").read().strip().splitlines() or ["(no output)"])[-1]
+                return {"ok": False, "why": f"exited {trainer.returncode}: {tail[:200]}"}
+            for k, proc in enumerate(procs[:-1]):
+                stage_peaks[k] = max(stage_peaks[k], _peak_mib(proc.pid))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    result = json.loads(lines[-1])
+    times = result["times"]
+    return {
+        "ok": True,
+        "step_s": statistics.median(times[-3:]),
+        "peaks_mib": [round(result["peak_rss_mib"], 1)] + [round(p, 1) for p in stage_peaks],
+    }
+
+
+def _peak_mib(pid: int) -> float:
+    try:
+        return harness.peak_rss_bytes(pid) / 2**20
+    except (OSError, RuntimeError):
+        return 0.0
+
+
+def naive_plan(processes: int, costs):  # noqa: ANN001, ANN201
+    """GPipe K = N - 1 stage processes (K = N stage processes need N + 1 with the trainer), uniform cuts,
+    M = K, fill-drain, remat never."""
+    from trainer.planning import candidates
+    from trainer.planning.pipeline_api import partition
+
+    k = max(2, min(processes - 1, costs.num_layers))
+    cut = tuple(partition.uniform_bounds(costs.num_layers, k)[1:-1])
+    return candidates.Plan("stage_processes", k, k, "fill_drain", "never", cut)
+
+
+def pick(preds: list, count: int, quick: bool) -> list:
+    """Plans covering the figures' ground (module doc), best-predicted first within each group."""
+    by_step = sorted(preds, key=lambda p: p.step_s)
+    chosen: list = []
+
+    def take(test, n: int = 1) -> None:
+        for p in by_step:
+            if n == 0:
+                return
+            if test(p.plan) and p not in chosen:
+                chosen.append(p)
+                n -= 1
+
+    if quick:
+        take(lambda q: q.placement == "logical" and q.num_stages == 2)
+        take(lambda q: q.placement == "stage_processes" and q.num_stages == 2)
+        return chosen
+    for k in (2, 4):
+        for m in (k, 2 * k, 4 * k):
+            for sched in ("fill_drain", "one_f_one_b", "zb_h1"):
+                take(
+                    lambda q, k=k, m=m, s=sched: (
+                        q.placement == "stage_processes"
+                        and q.num_stages == k
+                        and q.num_micro_batches == m
+                        and q.schedule == s
+                        and q.remat == ("never" if m != 2 * k else "always")
+                    )
+                )
+    take(lambda q: q.placement == "one_process", 2)
+    take(lambda q: q.placement == "logical" and q.num_stages in (2, 4), 3)
+    while len(chosen) < count and len(chosen) < len(preds):
+        take(lambda q: True)
+    if len(chosen) > count:  # fewer asked for than the ground needs: an even spread of it
+        chosen = [chosen[round(i * len(chosen) / count)] for i in range(count)]
+    return chosen
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    if n < 2:
+        return 1.0
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx = sum((a - mx) ** 2 for a in rx) ** 0.5
+    sy = sum((b - my) ** 2 for b in ry) ** 0.5
+    return cov / (sx * sy) if sx and sy else 1.0
+
+
+def run(args: argparse.Namespace) -> int:
+    from params import experiment
+    from tools import plan as tool
+    from trainer.planning import candidates, costs, plan_file, predict
+
+    sizes = (
+        QUICK_SIZES if args.quick else [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    )
+    steps = 3 if args.quick else args.train_steps
+    records = []
+    plan_seconds = []
+    choice_ratio, naive_ratio = [], []
+    for layers, width in sizes:
+        root = experiment.resolve(MODEL, gin_bindings=bindings(layers, width))
+        prefix = costs.pipeline_prefix(root)
+        name = f"{MODEL}-{layers}x{width}"
+        sample = candidates.micro_batch_sizes(int(root.input.train.batch_size), args.processes)
+        progress = (
+            (lambda m: print(f"plan benchmark: {m}", file=sys.stderr, flush=True))
+            if args.verbose
+            else (lambda m: None)
+        )
+        model_costs, _, _ = costs.load_or_measure(root, name, sample, progress)
+        start = time.monotonic()
+        link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
+        plans = list(candidates.enumerate_plans(model_costs, args.processes, max_replicas=1))
+        preds = [predict.predict(model_costs, p, link, latency) for p in plans]
+        fitting = sorted(
+            (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
+        )
+        plan_seconds.append(time.monotonic() - start)
+        picked = pick(preds, 2 if args.quick else args.plans, args.quick)
+        choice = fitting[0] if fitting else None
+        if choice is not None and choice not in picked:
+            picked.append(choice)
+        naive = None
+        if not args.quick:
+            naive = predict.predict(model_costs, naive_plan(args.processes, model_costs), link, latency)
+            picked.append(naive)
+        measured = {}
+        for pred in picked:
+            text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
+            stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
+            m = measure_plan(text, stages, layers, width, steps, args.timeout_s)
+            measured[id(pred)] = m
+            record = {"size": f"{layers}x{width}", **pred.to_json(args.budget_mib), "measured": m}
+            harness.emit("plan_run", m.get("step_s"), **record)
+            if m["ok"]:
+                records.append((pred, m))
+        ok_fitting = [(p, measured[id(p)]) for p in fitting if id(p) in measured and measured[id(p)]["ok"]]
+        if choice is not None and measured.get(id(choice), {}).get("ok") and ok_fitting:
+            best = min(m["step_s"] for _, m in ok_fitting)
+            choice_ratio.append(measured[id(choice)]["step_s"] / best)
+            if naive is not None and measured[id(naive)]["ok"]:
+                naive_ratio.append(measured[id(naive)]["step_s"] / measured[id(choice)]["step_s"])
+    predicted = [p.step_s for p, _ in records]
+    actual = [m["step_s"] for _, m in records]
+    errors = [abs(a / p - 1) for p, a in zip(predicted, actual)]
+    mem_pred = [proc.total / 2**20 for p, _ in records for proc in p.processes]
+    mem_meas = [x for _, m in records for x in m["peaks_mib"]]
+    mem_errors = [abs(a / p - 1) for p, a in zip(mem_pred, mem_meas)]
+    under = [a / p - 1 for p, a in zip(mem_pred, mem_meas)]
+    n = len(records)
+    harness.emit("plan_step_rank_corr", spearman(predicted, actual) if n else None, plans=n)
+    harness.emit("plan_step_error_median", statistics.median(errors) if errors else None, plans=n)
+    harness.emit("plan_step_error_max", max(errors) if errors else None, plans=n)
+    harness.emit("plan_memory_error_median", statistics.median(mem_errors) if mem_errors else None)
+    harness.emit("plan_memory_under_max", max(under) if under else None)
+    harness.emit("plan_choice_vs_best", max(choice_ratio) if choice_ratio else None)
+    harness.emit("plan_choice_vs_naive", min(naive_ratio) if naive_ratio else None)
+    harness.emit("plan_seconds", max(plan_seconds) if plan_seconds else None)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.benchmark plan", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--processes", type=int, default=5, help="N: the processes the planner may use.")
+    parser.add_argument("--budget_mib", type=float, default=2000.0, help="Memory per process.")
+    parser.add_argument(
+        "--sizes", default=",".join(f"{a}x{b}" for a, b in SIZES), help="Sizes (layers x width) to check."
+    )
+    parser.add_argument(
+        "--plans",
+        type=int,
+        default=24,
+        help="Plans trained per size (the choice and the naive plan besides).",
+    )
+    parser.add_argument("--train_steps", type=int, default=5, help="Steps each plan trains.")
+    parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
+    parser.add_argument("--quick", action="store_true", help="One tiny size, two plans (a smoke test).")
+    parser.add_argument("--verbose", action="store_true", help="Progress on stderr.")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv[1:])
+    if args.worker:
+        return run_worker(json.loads(args.worker))
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,172 @@
+"""A plan's step time, every process's peak memory and the bytes each sends per step, predicted
+from measured costs.
+
+The step: the schedule's timeline (``simulator.simulate``) over each stage's summed layer costs at
+the plan's micro-batch size (forward, backward, recompute = forward, the backward's input and weight
+halves), with every hand-off between stage processes costing the link's latency plus its bytes over
+the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: measured at the
+full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
+stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
+over the link). Logical devices of one process share its cores, so an in-process pipeline's step is
+at least the sum of all its units (its stages overlap only across processes). Memory: ``memory``'s
+items per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainer.planning import memory
+from trainer.planning.candidates import Plan
+from trainer.planning.costs import ModelCosts
+from trainer.planning.memory import MIB, ProcessMemory
+from trainer.planning.pipeline_api import held, schedule, simulator
+
+
+@dataclasses.dataclass
+class Prediction:
+    """One plan's predicted step."""
+
+    plan: Plan
+    step_s: float
+    bubble: float
+    processes: list[ProcessMemory]
+    bytes_sent: list[float]
+
+    @property
+    def peak_mib(self) -> float:
+        return max(p.total for p in self.processes) / MIB
+
+    def fits(self, budget_mib: float) -> bool:
+        return self.peak_mib <= budget_mib
+
+    def overflow(self, budget_mib: float) -> tuple[str, str, float]:
+        """The process over ``budget_mib`` by most, its largest item, and by how many MiB."""
+        worst = max(self.processes, key=lambda p: p.total)
+        return worst.name, worst.largest_item(), worst.total / MIB - budget_mib
+
+    def to_json(self, budget_mib: float | None = None) -> dict[str, Any]:
+        d = {
+            "plan": self.plan.name(),
+            "placement": self.plan.placement,
+            "processes": self.plan.processes,
+            "num_stages": self.plan.num_stages,
+            "num_micro_batches": self.plan.num_micro_batches,
+            "schedule": self.plan.schedule,
+            "virtual_stages": self.plan.virtual_stages,
+            "remat": self.plan.remat,
+            "replicas": self.plan.replicas,
+            "split_points": list(self.plan.split_points),
+            "step_s": round(self.step_s, 6),
+            "bubble": round(self.bubble, 4),
+            "peak_mib": round(self.peak_mib, 1),
+            "memory_mib": {
+                p.name: {k: round(v / MIB, 1) for k, v in p.items.items()} for p in self.processes
+            },
+            "bytes_sent": [int(b) for b in self.bytes_sent],
+        }
+        if budget_mib is not None:
+            d["fits"] = self.fits(budget_mib)
+        return d
+
+
+def _bounds(plan: Plan, num_layers: int) -> list[int]:
+    return [0, *plan.split_points, num_layers]
+
+
+def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float) -> Any:
+    """Each part's summed layer costs (``simulator.StageCosts``, K * v parts)."""
+    figures = costs.per_size[micro_batch]
+    bounds = _bounds(plan, costs.num_layers)
+
+    def sums(name: str) -> list[float]:
+        return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
+    b_w = [max(b - i, 0.0) for b, i in zip(backward, b_in)]
+    return simulator.StageCosts.given(
+        forward, backward, forward, transfer, backward_input=b_in, backward_weight=b_w
+    )
+
+
+def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency_s: float) -> Prediction:
+    """``plan``'s step, memory and bytes (module doc)."""
+    b = plan.micro_batch(costs.batch_size)
+    m, k, v = plan.num_micro_batches, plan.num_stages, plan.virtual_stages
+    handoff = float(b * costs.example_bytes)
+    remote = plan.placement == "stage_processes"
+    transfer = link_latency_s + handoff / link_bytes_per_s if remote else 0.0
+    sc = stage_costs(costs, plan, b, transfer)
+    sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
+    pipelined = sim.step_time
+    if not remote:  # logical devices share the process's cores: no stage runs beside another
+        pipelined = max(pipelined, sum(e.end - e.start for e in sim.events))
+    step = pipelined + costs.rest_seconds / plan.replicas
+    if remote:
+        step += 2 * transfer
+    grad_bytes = 4.0 * costs.total_params
+    if plan.replicas > 1:
+        r = plan.replicas
+        step += 2 * (r - 1) / r * grad_bytes / link_bytes_per_s + 2 * (r - 1) * link_latency_s
+
+    # memory: per device (stage rows of the timeline), then per process
+    bounds = _bounds(plan, costs.num_layers)
+    full, inputs = memory.part_bytes(costs, b, bounds)
+    kept = costs.per_size[b]["kept_bytes"]
+    if plan.remat == "never":
+        peak = held.peak_held(list(sim.events), full)
+    else:
+        peak = held.peak_held(list(sim.events), inputs)
+        if plan.remat == "except_last":  # the last micro-batch keeps everything
+            peak = [
+                h + max(full[s] - inputs[s] for s in range(len(full)) if s % k == d)
+                for d, h in enumerate(peak)
+            ]
+    devices = []
+    for d in range(k):
+        parts = [s for s in range(len(full)) if s % k == d]
+        layers = [i for s in parts for i in range(bounds[s], bounds[s + 1])]
+        params = float(sum(costs.layer_params[i] for i in layers)) / plan.stage_mesh
+        work = max(kept[i] for i in layers)
+        if plan.remat != "never":
+            work += max(full[s] for s in parts)
+        if d == (len(full) - 1) % k:  # the loss's logits in the last stage
+            work += b * costs.head_bytes_per_example
+        items = memory.state_items(costs, params)
+        items["activations"] = float(peak[d])
+        items["workspace"] = float(work)
+        split = plan.schedule in schedule.SPLIT_BACKWARD
+        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat, split)  # nodes; bytes below
+        devices.append(items)
+    base = costs.baseline_mib * MIB
+    other = memory.state_items(costs, float(costs.other_params))
+    other["workspace"] = float(b * m * costs.example_bytes)  # the embedding's output for the batch
+    node_bytes = memory.GRAPH_NODE_BYTES
+    nodes = sum(dev["graph"] for dev in devices)
+    if remote:
+        runtime = memory.RUNTIME_BYTES
+        processes = [
+            ProcessMemory("trainer", {"baseline": base, "runtime": runtime["stage_trainer"], **other})
+        ]
+        processes[0].items["graph"] = nodes * node_bytes["stage_trainer"]
+        for d, items in enumerate(devices):
+            items["graph"] *= node_bytes["stage"]
+            processes.append(
+                ProcessMemory(f"stage {d}", {"baseline": base, "runtime": runtime["stage"], **items})
+            )
+        sent = [float(m * handoff)]
+        sent += [float(m * handoff) * ((d < k - 1) + 1) for d in range(k)]
+    else:
+        total = {"baseline": base, "runtime": memory.RUNTIME_BYTES["in_process"], **other}
+        for items in devices:
+            items["graph"] *= node_bytes["in_process"]
+            for key, value in items.items():
+                total[key] = total.get(key, 0.0) + value
+        if plan.replicas > 1:
+            total["all_reduce"] = grad_bytes
+        name = "process" if plan.replicas == 1 else "each replica"
+        processes = [ProcessMemory(name, total)]
+        r = plan.replicas
+        sent = [2 * (r - 1) / r * grad_bytes] if r > 1 else [0.0]
+    return Prediction(plan, step, sim.bubble, processes, sent)
