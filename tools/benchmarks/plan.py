@@ -130,7 +130,7 @@ def run_worker(spec: dict) -> int:
     tf_startup.use_system_allocator()  # as the trainer binary's processes
     tf_startup.import_tensorflow()
     from params import experiment
-    from trainer import cluster
+    from trainer import tf_settings
     from trainer.distributed import remote_stages
     from trainer.distributed.mesh_placement import make_train_step
     from trainer.train_step import TrainStep
@@ -141,10 +141,10 @@ def run_worker(spec: dict) -> int:
     task_params = experiment.task_params_for(root, "train")
     if spec["mode"] == "stages":
         stages = remote_stages.stage_cluster(root.cluster, spec["cluster_spec"])
-        cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
+        tf_settings.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
         step = TrainStep(task_params, root.input.train, remote_stages.placement(stages, log=lambda _: None))
     else:
-        cluster.configure(root.cluster)
+        tf_settings.configure(root.cluster)
         step = make_train_step(root.cluster, task_params, root.input.train)
     times = []
     for _ in range(spec["train_steps"]):

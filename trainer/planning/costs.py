@@ -322,9 +322,9 @@ def measure(
     root: Params, experiment_name: str, sizes: list[int], progress: Progress, previous: ModelCosts | None
 ) -> ModelCosts:
     """The costs of ``root`` at micro-batch ``sizes`` (module doc), adding to ``previous``."""
-    from trainer import cluster
+    from trainer import tf_settings
 
-    cluster.configure(root.cluster.copy().set(num_logical_cpu_devices=0))
+    tf_settings.configure(root.cluster.copy().set(num_logical_cpu_devices=0))
     task_params = _plain_task_params(root)
     progress(f"building {experiment_name} without its pipeline to time its layers")
     task = task_params.instantiate()
