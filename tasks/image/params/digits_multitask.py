@@ -45,12 +45,8 @@ def _input(name: str, split: str, batch_size: int) -> Params:
     return set_split_mode(p, split, shuffle_seed=SHUFFLE_SEEDS[name])
 
 
-@registry.register  # Lingvo: @model_registry.RegisterMultiTaskModel
-class DigitsMultiTask(MultiTaskExperiment):  # Lingvo: base_model_params.MultiTaskModelParams
-    """Digit and parity heads over one shared conv encoder, SimpleAdaptiveScheduler; Lingvo's form.
-
-    Knobs: those of image.digits.ConvNet that shape the encoder and the learner (``num_layers``,
-    ``filters``, ``hidden_dim``, ``batch_size`` per task, ``max_steps``: steps of all tasks together)."""
+class _SharedEncoder(MultiTaskExperiment):
+    """The knobs of image.digits.ConvNet that shape the encoder and the learner, for both tasks."""
 
     def __init__(
         self,
@@ -68,6 +64,14 @@ class DigitsMultiTask(MultiTaskExperiment):  # Lingvo: base_model_params.MultiTa
             batch_size=batch_size,
             max_steps=max_steps,
         )
+
+
+@registry.register  # Lingvo: @model_registry.RegisterMultiTaskModel
+class DigitsMultiTask(_SharedEncoder):  # Lingvo: base_model_params.MultiTaskModelParams
+    """Digit and parity heads over one shared conv encoder, SimpleAdaptiveScheduler; Lingvo's form.
+
+    Knobs: those of image.digits.ConvNet that shape the encoder and the learner (``num_layers``,
+    ``filters``, ``hidden_dim``, ``batch_size`` per task, ``max_steps``: steps of all tasks together)."""
 
     def Model(self):  # noqa: N802 (Lingvo's names, as a Lingvo user writes them)
         p = hyperparams.adopt(MultiTaskModel.Params())  # Lingvo: base_model.MultiTaskModel.Params()
@@ -101,26 +105,9 @@ class DigitsMultiTask(MultiTaskExperiment):  # Lingvo: base_model_params.MultiTa
 
 
 @registry.register
-class DigitsTwoHeads(MultiTaskExperiment):
+class DigitsTwoHeads(_SharedEncoder):
     """The two digit tasks over one shared conv encoder, written the TensorPipe way; ExponentialScheduler
     from even odds towards the digit task (3:1)."""
-
-    def __init__(
-        self,
-        num_layers: int = 2,
-        filters: int = 32,
-        hidden_dim: int = 128,
-        batch_size: int = 64,
-        max_steps: int = 1500,
-    ) -> None:
-        self.batch_size = batch_size
-        self.conv_net = ConvNet(
-            num_layers=num_layers,
-            filters=filters,
-            hidden_dim=hidden_dim,
-            batch_size=batch_size,
-            max_steps=max_steps,
-        )
 
     def task(self) -> Params:
         p = MultiTaskModel.Params().set(name="digits_two_heads", share_layers=["body"])
