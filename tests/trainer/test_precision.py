@@ -154,3 +154,13 @@ def test_an_unknown_policy_is_one_config_error() -> None:
     root = experiment.resolve("image.digits.ConvNet", params_override="task.precision : 'float8'")
     with pytest.raises(ConfigError, match="task.precision: expected float32 or mixed_bfloat16"):
         root.task.instantiate()
+
+
+def test_mixed_bfloat16_lm_dev_loss_within_two_percent_of_float32s() -> None:
+    model = "lm.synthetic.TransformerLM"
+    losses = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        step = _trained(model, policy, steps=60)
+        dev = experiment.resolve(model).input.dev.instantiate()
+        losses[policy] = evaluate(step.task, dev.dataset())["loss"]
+    assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.02), losses
