@@ -124,6 +124,7 @@ def test_mixed_float16_skips_a_step_with_infinite_gradients_and_lowers_the_scale
     assert any(not np.array_equal(a, v.numpy()) for a, v in zip(before, step.task.trainable_variables))
 
 
+@pytest.mark.slow
 def test_mixed_float16_loss_scale_in_the_checkpoint_and_summaries(tmp_path) -> None:
     logdir = tmp_path / "run"
     override = (
@@ -156,6 +157,7 @@ def test_an_unknown_policy_is_one_config_error() -> None:
         root.task.instantiate()
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_lm_dev_loss_within_two_percent_of_float32s() -> None:
     model = "lm.synthetic.TransformerLM"
     losses = {}
