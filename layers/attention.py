@@ -214,7 +214,9 @@ class MultiHeadAttention(BaseLayer):
             mask = tf.convert_to_tensor(mask)
             mask = tf.expand_dims(mask, 1)  # over heads
             logits = tf.where(mask, logits, tf.constant(-1e9, logits.dtype))
-        probs = tf.nn.softmax(logits, axis=-1)
+        # The softmax in the accumulation dtype (float32 under a mixed precision policy).
+        probs = tf.nn.softmax(tf.cast(logits, checks.accumulation_dtype(logits.dtype)), axis=-1)
+        probs = tf.cast(probs, logits.dtype)
         rate = self.params.atten_dropout_prob
         if ctx.training and rate > 0:
             probs = tf.nn.experimental.stateless_dropout(probs, rate, self.dropout_seed(ctx, "/probs"))

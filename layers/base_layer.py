@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from layers import precision
 from layers.parallel import mesh as mesh_lib
 from params.errors import ConfigError
 from params.hyperparams import DTYPE, InstantiableParams, Params
@@ -184,11 +185,21 @@ class BaseLayer(tf.Module):
         self._params = p.freeze()
         self._path = f"{parent.path}/{p.name}" if parent is not None else p.name
         self._child_names: list[str] = []
+        # A precision policy's float32 weights (tasks: task.precision), inherited by every child.
+        master = self._master_dtype_of(p)
+        self._master_dtype = master if master is not None or parent is None else parent._master_dtype
         self.vars: dict[str, tf.Variable] = {}
+        if precision.casts_weights(p.dtype, self._master_dtype):
+            self.vars = precision.CastWeights(p.dtype)
         # The innermost mesh_scope, else the parent's mesh (a GPipe stage builds its layers in a scope
         # of the stage's submesh under a parent that is on none).
         scoped = mesh_lib.active_mesh()
         self._mesh = scoped if scoped is not None or parent is None else parent._mesh
+
+    def _master_dtype_of(self, params: Params) -> tf.DType | None:
+        """The dtype this layer's and its children's weights are kept in when it differs from their
+        compute dtype (a task's precision policy); None: each layer's own dtype."""
+        return None
 
     @property
     def params(self) -> Params:
@@ -281,6 +292,8 @@ class BaseLayer(tf.Module):
         if name in self.vars:
             raise ConfigError(f"{self.path}: variable {name!r} already exists")
         dtype = wp.dtype or self.params.dtype
+        cast = isinstance(self.vars, precision.CastWeights) and dtype == self.params.dtype
+        dtype = self._master_dtype if cast else dtype
         init = wp.init or self.params.weight_init
         var_path = f"{self.path}/{name}"
         seed = stateless_seed(self.params.random_seed, var_path)
@@ -291,7 +304,10 @@ class BaseLayer(tf.Module):
                 var = tf.Variable(value, name=var_path.replace("/", "."), trainable=wp.trainable)
             else:  # the same value on any mesh: computed whole, then split
                 var = self._mesh.variable(value, mapping, var_path.replace("/", "."), wp.trainable)
-        self.vars[name] = var
+        if isinstance(self.vars, precision.CastWeights):
+            self.vars.add(name, var, cast)
+        else:
+            self.vars[name] = var
         return var
 
     def dropout_seed(self, ctx: FPropContext, salt: str = "") -> tf.Tensor:

@@ -74,7 +74,11 @@ def float_input(layer: Any, x: Any) -> tf.Tensor:
 
 
 def accumulation_dtype(dtype: tf.DType) -> tf.DType:
-    """The dtype for statistics and losses: float64 for float64 layers, float32 otherwise."""
+    """The dtype for statistics and losses: float64 for float64 layers, float32 otherwise.
+
+    The one place that says what stays float32 under a bfloat16 or float16 compute dtype (a mixed
+    precision policy, layers/precision.py): the softmax cross-entropy, normalization statistics and
+    the attention logits' softmax compute in it."""
     return tf.float64 if dtype == tf.float64 else tf.float32
 
 

@@ -222,10 +222,11 @@ class EmbeddingLayer(BaseLayer):
         ids = tf.convert_to_tensor(ids)
         if not ids.dtype.is_integer:
             raise ConfigError(f"{self.path}: ids must be ints, got dtype {ids.dtype.name}")
-        if self.mesh is None:
-            y = tf.gather(self.vars["emb"], ids)
+        emb = self.vars["emb"]
+        if self.mesh is None or not isinstance(emb, tf.Variable):
+            y = tf.gather(emb, ids)
         else:  # DTensor gathers from a vocab-split resource only through its value
-            y = tf.gather(self.vars["emb"].read_value(), ids)
+            y = tf.gather(emb.read_value(), ids)
         if self.params.scale_sqrt_depth:
             y *= tf.cast(math.sqrt(self._dim), y.dtype)
         return self.shard_activation(y, "embed")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from layers import precision
 from layers.base_layer import BaseLayer, FPropContext
 from layers.parallel.pipeline import gpipe
 from params.hyperparams import InstantiableParams, Params
@@ -46,6 +47,11 @@ def decode_params() -> Params:
     p = Params()
     p.define("samples_per_summary", 0, "Examples decoded per checkpoint (0: the whole data set).")
     return p
+
+
+def _policy(params: Params) -> str:
+    """``task.precision``; float32 for Params written without it (an older params.txt)."""
+    return params.precision if "precision" in params else "float32"
 
 
 class DecoderMetric:
@@ -85,7 +91,23 @@ class BaseTask(BaseLayer):
         p.define("train", learner.train_params(), "Learner and training-loop settings.")
         p.define("eval", eval_params(), "Evaluation settings.")
         p.define("decode", decode_params(), "Decoding settings.")
+        p.define(
+            "precision",
+            "float32",
+            "float32; mixed_bfloat16 (layers compute in bfloat16, weights, optimizer slots and the loss "
+            "stay float32); mixed_float16 (the same in float16, with loss scaling). docs/precision.md",
+        )
         return p
+
+    def __init__(self, params: Params, parent: BaseLayer | None = None) -> None:
+        compute = precision.compute_dtype(_policy(params))
+        if compute is not None and params.dtype in (None, tf.float32):
+            params = params.copy()
+            params.dtype = compute
+        super().__init__(params, parent)
+
+    def _master_dtype_of(self, params: Params) -> tf.DType | None:
+        return precision.MASTER_DTYPE if precision.compute_dtype(_policy(params)) is not None else None
 
     def compute_predictions(self, ctx: FPropContext, batch: dict[str, tf.Tensor]) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.compute_predictions")

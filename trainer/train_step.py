@@ -24,6 +24,7 @@ from layers import tf_compat
 from layers.base_layer import FPropContext
 from params.errors import ConfigError
 from params.hyperparams import Params
+from tasks import loss_scale as loss_scale_lib
 from trainer import tracing
 from trainer.placement import OnDevice, Placement, StepFunctions, StepOutputs, TrainState
 
@@ -48,6 +49,7 @@ class TrainStep:
             if not self._variables:
                 raise ConfigError(f"task {task_params.cls.__name__} has no trainable variables")
             self.learner = placement.build_learner(task_params.train, self._variables)
+            self.loss_scale = self._build_loss_scale(task_params)
         self._seed = self.task.params.random_seed
         self._task_params = task_params
         self.traced_step, self.zero_outputs = self._trace_step()
@@ -64,6 +66,18 @@ class TrainStep:
         self._run = placement.compile(self.functions)
         self._weights_finite = tracing.graph_function(self._all_finite)
         self._grads = tracing.graph_function(self._loss_and_grads)
+
+    def _build_loss_scale(self, task_params: Params) -> loss_scale_lib.LossScale | None:
+        """mixed_float16's loss scale, held by the learner (so the checkpoint has it); else None."""
+        if (task_params.get("precision") if "precision" in task_params else None) != "mixed_float16":
+            return None
+        if type(self.placement) is not OnDevice:
+            raise ConfigError(
+                f"task.precision 'mixed_float16' (loss scaling) runs in one process only, not under the "
+                f"{type(self.placement).__name__} placement; use mixed_bfloat16"
+            )
+        self.learner.loss_scale = loss_scale_lib.LossScale()
+        return self.learner.loss_scale
 
     @property
     def batch_size(self) -> int:
@@ -103,7 +117,10 @@ class TrainStep:
             if "loss" not in metrics:
                 raise ConfigError(f"{type(self.task).__name__}.compute_loss must return a 'loss' entry")
             loss = metrics["loss"][0]
-        grads = tape.gradient(loss, self._variables)
+            target = loss if self.loss_scale is None else self.loss_scale.scaled(loss)
+        grads = tape.gradient(target, self._variables)
+        if self.loss_scale is not None:
+            grads = self.loss_scale.unscaled(grads)
         values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, (value, _) in metrics.items()}
         loss, grads, values = self.placement.reduce(loss, grads, values, self._variables)
         return loss, grads, ctx, values
@@ -118,7 +135,11 @@ class TrainStep:
                 f"statistics) are not supported by the {type(self.placement).__name__} placement"
             )
         step = self.global_step.read_value()
-        out = self.learner.apply_gradients(zip(grads, self._variables), step, finite=finite)
+        guard = finite
+        if self.loss_scale is not None:  # a step with non-finite gradients changes no weight or slot
+            grads_finite = self.loss_scale.all_finite(grads)
+            guard = grads_finite if finite is None else tf.logical_and(finite, grads_finite)
+        out = self.learner.apply_gradients(zip(grads, self._variables), step, finite=guard)
         ctx.apply_updates()
         self.global_step.assign_add(1 if finite is None else tf.cast(finite, tf.int64))
         values = {name: tf.cast(tf.reshape(value, []), tf.float32) for name, value in out.items()}
@@ -154,6 +175,8 @@ class TrainStep:
         loss, grads, ctx, values = self._forward_backward(batch)
         finite = tf.reduce_all(tf.math.is_finite(loss))
         learner_out = self.placement.update_if(finite, lambda guard: self._apply(grads, ctx, guard))
+        if self.loss_scale is not None:  # lowered after non-finite gradients, raised after a good run
+            learner_out = {**learner_out, **self.loss_scale.update(self.loss_scale.all_finite(grads))}
         return finite, {"task": values, "learner": learner_out}
 
     def _next_batch(self) -> dict:

@@ -1,0 +1,168 @@
+"""task.precision: float32 as it always was, mixed_bfloat16 (bfloat16 computation over float32
+weights and slots, bfloat16 hand-offs between pipeline stages), mixed_float16 (loss scaling: a step
+with non-finite gradients skipped, the scale lowered, in the checkpoint and the summaries)."""
+
+from __future__ import annotations
+
+import sys
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from layers import precision
+from layers.base_layer import FPropContext
+from params import experiment
+from params.errors import ConfigError
+from tests.tasks.loop import evaluate
+from tests.trainer import runner
+from trainer.train_step import TrainStep
+
+STEPS = 150
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    yield
+    gin.clear_config()
+
+
+def _trained(model: str, policy: str, steps: int = STEPS, gin: tuple = ()) -> TrainStep:
+    root = experiment.resolve(model, gin_bindings=list(gin), params_override=f"task.precision : '{policy}'")
+    step = TrainStep(root.task, root.input.train)
+    finite, _ = step.run(steps)
+    assert bool(finite)
+    return step
+
+
+@pytest.fixture(scope="module")
+def convnets() -> dict[str, tuple[TrainStep, float]]:
+    """The digits ConvNet trained STEPS steps under each policy, and its test accuracy (batch
+    statistics that settle within those steps)."""
+    out = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        step = _trained("image.digits.ConvNet", policy, gin=("ConvNet.bn_decay = 0.9",))
+        test = experiment.resolve("image.digits.ConvNet").input.test.instantiate()
+        out[policy] = (step, evaluate(step.task, test.dataset())["accuracy"])
+    return out
+
+
+def test_float32_is_the_default_and_casts_nothing(convnets) -> None:
+    step, _ = convnets["float32"]
+    assert experiment.resolve("image.digits.ConvNet").task.precision == "float32"
+    layers = [step.task, *step.task.submodules]
+    assert not any(isinstance(layer, precision.CastWeights) for layer in layers)
+    assert {layer.params.dtype for layer in layers if hasattr(layer, "params")} == {tf.float32}
+
+
+def test_mixed_bfloat16_computes_in_bfloat16_over_float32_weights_and_slots(convnets) -> None:
+    step, _ = convnets["mixed_bfloat16"]
+    assert {v.dtype for v in step.task.variables} == {tf.float32}
+    assert {v.dtype for v in step.learner.slot_variables()} == {tf.float32}
+    batch = next(iter(step.input.dataset()))
+    predictions = step.task.compute_predictions(FPropContext(training=False), batch)
+    assert predictions["logits"].dtype == tf.bfloat16
+    loss = step.task.compute_loss(FPropContext(training=False), predictions, batch)["loss"][0]
+    assert loss.dtype == tf.float32
+
+
+def test_mixed_bfloat16_reaches_float32s_test_accuracy(convnets) -> None:
+    (_, f32), (_, bf16) = convnets["float32"], convnets["mixed_bfloat16"]
+    assert f32 > 0.9
+    print(f"test accuracy after {STEPS} steps: float32 {f32:.4f}, mixed_bfloat16 {bf16:.4f}")
+    assert abs(bf16 - f32) <= 0.005, (f32, bf16)
+
+
+def test_float32_checkpoint_restores_under_mixed_bfloat16(convnets, tmp_path) -> None:
+    (f32, _), (bf16, _) = convnets["float32"], convnets["mixed_bfloat16"]
+    path = tf.train.Checkpoint(task=f32.task).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(task=bf16.task).read(path).assert_existing_objects_matched()
+    for a, b in zip(f32.task.variables, bf16.task.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_gpipe_hands_bfloat16_between_stages() -> None:
+    """Every float tensor a stage's forward hands to the next device is bfloat16."""
+    root = experiment.resolve(
+        "image.digits.GPipeConvNet", params_override="task.precision : 'mixed_bfloat16'"
+    )
+    step = TrainStep(root.task, root.input.train)
+    assert bool(step.run(3)[0])
+
+    def index(op: tf.Operation) -> int | None:
+        return tf.DeviceSpec.from_string(op.device).device_index if op.device else None
+
+    handed = []
+    graphs = [step.step_graph()]
+    while graphs:
+        graph = graphs.pop()
+        graphs.extend(f.graph for f in graph._functions.values() if hasattr(f, "graph"))
+        for op in graph.get_operations():
+            for x in op.inputs:
+                src, dst = index(x.op), index(op)
+                if x.op.name.startswith("stage_0_micro_batch") and None not in (src, dst) and src != dst:
+                    handed.append(x.dtype)
+    assert len(handed) == 4 and set(handed) == {tf.bfloat16}  # one per micro-batch
+
+
+def test_mixed_float16_skips_a_step_with_infinite_gradients_and_lowers_the_scale() -> None:
+    root = experiment.resolve("image.digits.ConvNet", params_override="task.precision : 'mixed_float16'")
+    step = TrainStep(root.task, root.input.train)
+    before = [v.numpy() for v in step.task.trainable_variables]
+    step.loss_scale.scale.assign(3e38)  # the scaled loss overflows: every gradient is Inf or NaN
+    finite, outputs = step.run(1)
+    assert bool(finite) and int(step.global_step.numpy()) == 1
+    assert float(outputs["learner"]["skipped_steps"]) == 1.0
+    assert float(outputs["learner"]["loss_scale"]) == pytest.approx(1.5e38)
+    for a, v in zip(before, step.task.trainable_variables):
+        np.testing.assert_array_equal(a, v.numpy())
+    assert {v.dtype for v in step.learner.slot_variables()} == {tf.float32}
+    step.loss_scale.scale.assign(2.0**20)
+    assert bool(step.run(30)[0])  # the scale comes down to where gradients are finite and it trains
+    assert float(step.loss_scale.scale.numpy()) < 2.0**20
+    assert any(not np.array_equal(a, v.numpy()) for a, v in zip(before, step.task.trainable_variables))
+
+
+@pytest.mark.slow
+def test_mixed_float16_loss_scale_in_the_checkpoint_and_summaries(tmp_path) -> None:
+    logdir = tmp_path / "run"
+    override = (
+        "task.precision : 'mixed_float16'; task.train.max_steps : 20; task.train.warmup_steps : 5; "
+        "task.train.summary_interval_steps : 10; task.train.save_interval_steps : 20"
+    )
+    result = runner.run_command(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--model=image.digits.ConvNet",
+            f"--logdir={logdir}",
+            f"--params_override={override}",
+            "--job=controller,trainer",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    scalars = runner.read_scalars(logdir / "train")
+    assert set(scalars["loss_scale"]) == {10, 20} and scalars["loss_scale"][20] > 1.0
+    assert "skipped_steps" in scalars
+    saved = runner.read_checkpoint(str(logdir / "train" / "ckpt-20"))
+    names = [name for name in saved if "loss_scale" in name]
+    assert any("scale" in n and saved[n] == scalars["loss_scale"][20] for n in names), names
+
+
+def test_an_unknown_policy_is_one_config_error() -> None:
+    root = experiment.resolve("image.digits.ConvNet", params_override="task.precision : 'float8'")
+    with pytest.raises(ConfigError, match="task.precision: expected float32 or mixed_bfloat16"):
+        root.task.instantiate()
+
+
+@pytest.mark.slow
+def test_mixed_bfloat16_lm_dev_loss_within_two_percent_of_float32s() -> None:
+    model = "lm.synthetic.TransformerLM"
+    losses = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        step = _trained(model, policy, steps=60)
+        dev = experiment.resolve(model).input.dev.instantiate()
+        losses[policy] = evaluate(step.task, dev.dataset())["loss"]
+    assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.02), losses
