@@ -25,6 +25,7 @@ ADDED_SINCE = (  # params defined after the move, with their defaults
     "task.body.sub[0].stage_layout_rules : ''\n"
     "task.body.sub[0].stage_mesh_axis_names : []\n"
     "task.body.sub[0].stage_mesh_shape : []\n"
+    "task.precision : 'float32'\n"
 )
 
 
