@@ -9,6 +9,15 @@ or receives). A CSV holds one row per rank, its actions in order, one per cell. 
 transfers where the stages sit on different ranks. Stage s runs on rank ``s % K`` (PyTorch's looped
 placement, as interleaved 1F1B uses). Recomputes are not actions: the GPipe layer adds them from its
 remat policy. Plain Python: no TensorFlow, no torch.
+
+Also read:
+
+- ``<stage>REDUCE_GRAD`` (PyTorch's per-stage gradient reduction, no micro-batch): a no-op. The
+  executor sums each stage's gradients over its micro-batches inside the step, and a reduction over
+  data-parallel replicas belongs to the optimizer, so nothing is left for the action to do. It must
+  name a stage its rank holds and come after that stage's last backward.
+- PyTorch's older form, where ``B`` followed later by ``W`` of the same unit is the input gradient
+  (today's ``I``): such a ``B`` is read as ``I``. A ``B`` with no ``W`` is a full backward.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from layers.parallel.pipeline import timeline
 from layers.parallel.pipeline.schedule import Op, Schedule, ScheduleError
 
 _ACTION = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
+_REDUCE = re.compile(r"^(\d+)REDUCE_GRAD$")
+REDUCE_GRAD = "REDUCE_GRAD"
 _KIND_OF = {
     "F": schedules.FORWARD,
     "B": schedules.BACKWARD,
@@ -59,6 +70,7 @@ def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[st
 def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
     """The schedule the ranks' actions describe, after ``validate``."""
     validate(rows)
+    rows = _older_b_as_i(rows)
     k = len(rows)
     orders = []
     for row in rows:
@@ -80,9 +92,12 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
     k = len(rows)
     if k == 0 or not any(rows):
         raise ScheduleError("the schedule has no actions")
+    rows = _older_b_as_i(rows)
     parsed = [[(a, *_parse(a, r, i)) for i, a in enumerate(row)] for r, row in enumerate(rows)]
+    if not any(code != REDUCE_GRAD for row in parsed for _, _, code, _ in row):
+        raise ScheduleError("the schedule has no compute actions")
     stages = 1 + max(s for row in parsed for _, s, _, _ in row)
-    micro = 1 + max(m for row in parsed for _, _, _, m in row)
+    micro = 1 + max(m for row in parsed for _, _, code, m in row if code != REDUCE_GRAD)
     if stages % k:
         raise ScheduleError(f"{stages} stages cannot be spread over {k} ranks (stage s runs on rank s % {k})")
     seen: dict[Op, str] = {}
@@ -94,6 +109,13 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
             where = f"rank {r}, action {i} ({action})"
             if s % k != r:
                 raise ScheduleError(f"{where}: stage {s} runs on rank {s % k}, not rank {r}")
+            if code == REDUCE_GRAD:
+                later = [a for a, s2, c2, _ in row[i + 1 :] if s2 == s and c2 in ("B", "I", "W")]
+                if later:
+                    raise ScheduleError(
+                        f"{where}: stage {s}'s gradient reduction before its backward {later[0]}"
+                    )
+                continue
             if code.startswith("RECV"):
                 peer = s - 1 if code == "RECV_F" else s + 1
                 if f"{peer}{code}{m}" not in sends:
@@ -139,12 +161,30 @@ def write_csv(rows: Sequence[Sequence[str]]) -> str:
     return out.getvalue()
 
 
+def _older_b_as_i(rows: Sequence[Sequence[str]]) -> list[list[str]]:
+    """PyTorch's older form: a ``B`` whose unit has a ``W`` later on the same rank is its ``I``."""
+    out = []
+    for row in rows:
+        new = []
+        for i, action in enumerate(row):
+            match = _ACTION.match(action)
+            if match and match[2] == "B" and f"{match[1]}W{match[3]}" in row[i + 1 :]:
+                action = f"{match[1]}I{match[3]}"
+            new.append(action)
+        out.append(new)
+    return out
+
+
 def _parse(action: str, rank: int | None = None, index: int | None = None) -> tuple[int, str, int]:
+    """(stage, code, micro-batch); ``REDUCE_GRAD`` has micro-batch -1."""
     match = _ACTION.match(action)
-    if not match:
-        where = f"rank {rank}, action {index}: " if rank is not None else ""
-        raise ScheduleError(
-            f"{where}{action!r} is not an action: <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><micro-batch>, "
-            "e.g. 2F0"
-        )
-    return int(match[1]), match[2], int(match[3])
+    if match:
+        return int(match[1]), match[2], int(match[3])
+    reduce = _REDUCE.match(action)
+    if reduce:
+        return int(reduce[1]), REDUCE_GRAD, -1
+    where = f"rank {rank}, action {index}: " if rank is not None else ""
+    raise ScheduleError(
+        f"{where}{action!r} is not an action TensorPipe runs: <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B>"
+        "<micro-batch> (e.g. 2F0) or <stage>REDUCE_GRAD"
+    )

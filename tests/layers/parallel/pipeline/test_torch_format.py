@@ -50,7 +50,8 @@ def test_every_schedule_round_trips(name, k, m, v):
         ),
         ([["0F0", "0B0", "0F2", "0B2"]], r"micro-batch 1 is missing on stage 0: no 0F1"),
         ([["1F0", "1B0"], ["0F0", "0B0"]], r"rank 0, action 0 \(1F0\): stage 1 runs on rank 1, not rank 0"),
-        ([["0F0", "0X0"]], r"rank 0, action 1: '0X0' is not an action"),
+        ([["0F0", "0X0"]], r"rank 0, action 1: '0X0' is not an action TensorPipe runs"),
+        ([["0F0", "0REDUCE_GRAD", "0B0"]], r"action 1 \(0REDUCE_GRAD\): stage 0's gradient reduction before"),
         ([["0F0", "0B0", "0F0"]], r"action 2 \(0F0\): 0F0 runs twice"),
         ([["0F0", "0B0"], ["1B0", "1F0"]], r"rank 1, action 0 \(1B0\): a backward before its forward"),
         ([["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]], r"deadlock"),
@@ -72,8 +73,29 @@ def _head(ctx, y, target):
     return tf.reduce_sum(tf.square(y - target), axis=-1)
 
 
-@pytest.mark.parametrize("remat", ["never", "always"])
-def test_a_schedule_file_named_in_params_runs_with_the_unpipelined_gradients(remat):
+# PyTorch's dumps end each stage with REDUCE_GRAD; its older form writes a split backward as B ... W.
+_OLDER_FORM = (
+    "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3,0W0,0W1,0W2,0W3,0REDUCE_GRAD\n"
+    "1F0,1B0,1F1,1B1,1W0,1F2,1B2,1W1,1F3,1B3,1W2,1W3,1REDUCE_GRAD\n"
+)
+
+
+def test_reduce_grad_is_a_no_op_and_an_older_b_before_w_is_the_input_gradient():
+    sched = torch_format.from_actions(torch_format.read_csv(_OLDER_FORM))
+    assert [op.kind for op in sched.orders[0][4:8]] == [ps.BACKWARD_INPUT] * 4
+    assert len(sched.orders[1]) == 12  # REDUCE_GRAD adds no unit
+    full = torch_format.from_actions([["0F0", "0B0", "0REDUCE_GRAD"]])
+    assert full.orders[0][1].kind == ps.BACKWARD  # a B with no W is a full backward
+
+
+@pytest.mark.parametrize(
+    "remat, text", [("never", None), ("always", None), ("never", _OLDER_FORM)], ids=["kept", "remat", "older"]
+)
+def test_a_schedule_file_named_in_params_runs_with_the_unpipelined_gradients(remat, text, tmp_path):
+    path = CSV
+    if text is not None:
+        path = tmp_path / "older.csv"
+        path.write_text(text)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(8, 5)).astype(np.float32))
     target = tf.constant(rng.normal(size=(8, 5)).astype(np.float32))
@@ -91,7 +113,7 @@ def test_a_schedule_file_named_in_params_runs_with_the_unpipelined_gradients(rem
 
         return [g.numpy() for g in step()]
 
-    got = grads(num_stages=2, num_micro_batches=4, remat=remat, schedule_file=str(CSV))
+    got = grads(num_stages=2, num_micro_batches=4, remat=remat, schedule_file=str(path))
     want = grads(num_stages=1, num_micro_batches=1, remat="never")
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=1e-5)
