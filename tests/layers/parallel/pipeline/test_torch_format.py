@@ -49,9 +49,16 @@ def test_every_schedule_round_trips(name, k, m, v):
             r"rank 1, action 0 \(1RECV_F0\): a receive with no send",
         ),
         ([["0F0", "0B0", "0F2", "0B2"]], r"micro-batch 1 is missing on stage 0: no 0F1"),
-        ([["1F0", "1B0"], ["0F0", "0B0"]], r"rank 0, action 0 \(1F0\): stage 1 runs on rank 1, not rank 0"),
+        (
+            [["0F0", "1F0", "1B0"], ["1F1", "0F1"]],
+            r"rank 1, action 0 \(1F1\): stage 1 runs on rank 0, not rank 1",
+        ),
+        (
+            [["0F0", "1F0", "2F0", "2B0", "1B0", "0B0"], ["3F0", "3B0"]],
+            r"each rank must hold 2 of the 4 stages; the ranks hold rank 0: \[0, 1, 2\], rank 1: \[3\]",
+        ),
         ([["0F0", "0X0"]], r"rank 0, action 1: '0X0' is not an action TensorPipe runs"),
-        ([["0F0", "0REDUCE_GRAD", "0B0"]], r"action 1 \(0REDUCE_GRAD\): stage 0's gradient reduction before"),
+        ([["0F0", "0REDUCE_GRAD", "0B0"]], r"action 1 \(0REDUCE_GRAD\): stage 0's gradient reduction"),
         ([["0F0", "0B0", "0F0"]], r"action 2 \(0F0\): 0F0 runs twice"),
         ([["0F0", "0B0"], ["1B0", "1F0"]], r"rank 1, action 0 \(1B0\): a backward before its forward"),
         ([["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]], r"deadlock"),
@@ -130,3 +137,58 @@ def test_a_schedule_file_that_does_not_fit_the_layer_is_one_line():
         match=r"has 2 ranks, 2 stages and 4 micro-batches; the layer has 2 devices, 2 stages and 2",
     ):
         pipe.schedule_for(2)
+
+
+# A V at K=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2), M=2, with PyTorch's DualPipeV
+# cell that pairs a forward with a backward meant to overlap (run here one after the other).
+_V = (
+    "0F0,0F1,3F0,3B0,(3F1;0B0)OVERLAP_F_B,3B1,0B1,0REDUCE_GRAD,3REDUCE_GRAD\n"
+    "1F0,2F0,1F1,2F1,2I0,1I0,2I1,1I1,2W0,1W0,2W1,1W1\n"
+)
+
+
+def _v_layers():
+    return [
+        core.ProjectionLayer.Params().set(name=f"fc{i}", input_dim=5, output_dim=5, activation="tanh")
+        for i in range(4)
+    ]
+
+
+def test_a_v_placement_is_read_from_the_rows_and_runs_each_stage_on_its_rank(tmp_path):
+    sched = torch_format.from_actions(torch_format.read_csv(_V))
+    assert sched.placement == (0, 1, 1, 0) and sched.virtual_stages == 2
+    assert [sched.device_of(s) for s in range(4)] == [0, 1, 1, 0]
+    rows = torch_format.to_actions(sched, with_transfers=True)
+    assert "3RECV_F0" in rows[0] and "2SEND_F0" in rows[1] and "1SEND_B0" in rows[1]
+    assert torch_format.from_actions(rows).orders == sched.orders
+    path = tmp_path / "v.csv"
+    path.write_text(_V)
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(size=(4, 5)).astype(np.float32))
+    target = tf.constant(rng.normal(size=(4, 5)).astype(np.float32))
+
+    def run(**kw):
+        pipe = gpipe.GPipeLayer.Params().set(name="net", layers=_v_layers(), **kw).instantiate()
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(pipe(FPropContext(training=True), x, head=_head, head_inputs=target))
+            return loss, tape.gradient(loss, pipe.trainable_variables)
+
+        loss, grads = step()
+        return pipe, loss.numpy(), [g.numpy() for g in grads]
+
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    pipe, loss, got = run(
+        num_stages=2, virtual_stages=2, num_micro_batches=2, schedule_file=str(path), devices=devices
+    )
+    assert pipe.schedule_for(2).placement == (0, 1, 1, 0)
+    assert [d[-5:] for d in pipe.stage_devices] == ["CPU:0", "CPU:1", "CPU:1", "CPU:0"]
+    # Each stage's weights live on its rank's device: the first and last stage share CPU:0.
+    where = {v.name.split(".")[1]: v.device[-5:] for v in pipe.trainable_variables}
+    assert where == {"fc0": "CPU:0", "fc1": "CPU:1", "fc2": "CPU:1", "fc3": "CPU:0"}
+    _, want_loss, want = run(num_stages=1, num_micro_batches=1)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
