@@ -29,14 +29,16 @@ def test_the_kept_csv_loads_validates_and_exports_back_identical():
 
 
 @pytest.mark.parametrize(
-    "name, k, m, v", [(s, 2, 4, 1) for s in ps.SCHEDULES] + [("interleaved_1f1b", 2, 4, 2)]
+    "name, k, m, v",
+    [(s, 2, 4, 1) for s in ps.SCHEDULES]
+    + [("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 4, 2), ("zbv", 4, 8, 2)],
 )
 def test_every_schedule_round_trips(name, k, m, v):
     sched = ps.build(name, k, m, "never", v)
     for transfers in (False, True):
         rows = torch_format.to_actions(sched, with_transfers=transfers)
         back = torch_format.from_actions(torch_format.read_csv(torch_format.write_csv(rows)), name)
-        assert back.orders == sched.orders
+        assert back.orders == sched.orders and back.placement == sched.placement
 
 
 @pytest.mark.parametrize(
