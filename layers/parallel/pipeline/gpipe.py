@@ -72,7 +72,7 @@ class GPipeLayer(BaseLayer):
     def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
         self._remat = checks.one_of(self, "remat", REMAT_POLICIES)
-        self._schedule = checks.one_of(self, "schedule", schedules.SCHEDULES)
+        self._schedule = checks.one_of(self, "schedule", schedules.SCHEDULES + schedules.V_SCHEDULES)
         self._virtual = checks.positive_int(self, "virtual_stages")
         method = checks.one_of(self, "partition_method", partition.METHODS)
         self._batch_dim = knobs.non_negative_int(self, "batch_dim")
@@ -109,7 +109,8 @@ class GPipeLayer(BaseLayer):
         self._costs: dict[str, list[float]] = {}
         self._bounds = list(range(len(stages) + 1))
         self._devices = self._resolve_devices(len(stages) // v)
-        self._layers = self._build(stages, [s % len(self._devices) for s in range(len(stages))], "stage")
+        self._placement = self._stage_placement(len(stages), len(self._devices))
+        self._layers = self._build(stages, self._placement, "stage")
         _add_report_costs(
             self._costs, self._layers, self._spec if self.params.input_shape is not None else None
         )
@@ -128,10 +129,17 @@ class GPipeLayer(BaseLayer):
         self._bounds = _prefixed(self.path, partition.cut, n, k, split_points, method, costs)
         self._devices = self._resolve_devices(devices)
         stage_of = [s for s in range(k) for _ in range(self._bounds[s], self._bounds[s + 1])]
-        self._layers = self._build(layers, [s % devices for s in stage_of], "layer")
+        self._placement = self._stage_placement(k, devices)
+        self._layers = self._build(layers, [self._placement[s] for s in stage_of], "layer")
         _add_report_costs(
             self._costs, self._layers, self._spec if self.params.input_shape is not None else None
         )
+
+    def _stage_placement(self, num_stages: int, num_devices: int) -> list[int]:
+        """The schedule device of each stage: a V for ``zbv``, else where ``schedule_file`` puts it."""
+        if not self.params.schedule_file and self._schedule in schedules.V_SCHEDULES:
+            return list(schedules.v_placement(num_devices))
+        return _file_placement(self.params.schedule_file, num_stages, num_devices)
 
     def _build(self, params_list: list[Params], where: list[int], prefix: str) -> list[BaseLayer]:
         """Each layer on its schedule device ``where[i]``: that device, or that stage mesh's scope."""
@@ -200,20 +208,28 @@ class GPipeLayer(BaseLayer):
 
     @property
     def stage_devices(self) -> list[str | None]:
-        """The device of each stage: stage s runs on ``devices[s % num_devices]``."""
-        return [self._devices[s % len(self._devices)] for s in range(self.num_stages)]
+        """The device of each stage: ``devices[s % num_devices]``, or, for ``zbv`` or a
+        ``schedule_file`` that says so, a V (stages d and 2K - 1 - d on device d)."""
+        return [self._devices[d] for d in self._placement]
 
     def schedule_for(self, num_micro_batches: int) -> schedules.Schedule:
         """The schedule a training step with M micro-batches runs (ConfigError if it cannot)."""
         try:
             if self.params.schedule_file:
                 want = (self.num_devices, self.num_stages, num_micro_batches)
-                return _schedule_from_file(self.path, self.params.schedule_file, want, self._remat)
-            return schedules.build(
-                self._schedule, self.num_devices, num_micro_batches, self._remat, self._virtual
-            )
+                sched = _schedule_from_file(self.path, self.params.schedule_file, want, self._remat)
+            else:
+                sched = schedules.build(
+                    self._schedule, self.num_devices, num_micro_batches, self._remat, self._virtual
+                )
         except schedules.ScheduleError as e:
             raise ConfigError(f"{self.path}: {e}") from None
+        if sched.placement and self._stage_meshes.meshes:
+            raise ConfigError(
+                f"{self.path}: schedule {sched.name!r} places stages other than s % K (a V), which "
+                "stage meshes do not support; use one device per schedule rank"
+            )
+        return sched
 
     @property
     def stage_bounds(self) -> list[int]:
@@ -260,11 +276,15 @@ class GPipeLayer(BaseLayer):
             self.micro_batch_input_bytes = (len(micro), microbatch.static_bytes(micro[0]))
         head_micro: list[list[tf.Tensor]] = [[] for _ in micro]
         if head_flat:
-            with device_choice.on(self._devices[-1]), tf.name_scope("split_head_inputs"):
-                head_micro = self._batcher.split(head_flat, ctx.training, len(micro), self._devices[-1])
+            with device_choice.on(self._devices[self._placement[-1]]), tf.name_scope("split_head_inputs"):
+                head_micro = self._batcher.split(
+                    head_flat, ctx.training, len(micro), self._devices[self._placement[-1]]
+                )
         outputs, structure = self._run_schedule(ctx, micro, x, head, head_micro, head_inputs)
-        with device_choice.on(self._devices[-1]), tf.name_scope("join_micro_batches"):
-            return tf.nest.pack_sequence_as(structure, self._batcher.join(outputs, self._devices[-1]))
+        with device_choice.on(self._devices[self._placement[-1]]), tf.name_scope("join_micro_batches"):
+            return tf.nest.pack_sequence_as(
+                structure, self._batcher.join(outputs, self._devices[self._placement[-1]])
+            )
 
     def _run_schedule(
         self,
@@ -368,6 +388,22 @@ def _partition_report(layer: GPipeLayer, method: str, costs: dict[str, list[floa
     if meshes:  # a stage's device is its mesh's
         devices = [_mesh_text(meshes[s % len(meshes)]) for s in range(layer.num_stages)]
     return partition.format_report(title, names, layer.stage_bounds, devices, num_params, costs)
+
+
+def _file_placement(file: str, num_stages: int, num_devices: int) -> list[int]:
+    """The device of each stage: where the schedule in ``file`` puts it, else the looped s % K (also
+    when the file cannot be read or does not fit: ``schedule_for`` then says why in one line)."""
+    looped = [s % num_devices for s in range(num_stages)]
+    if not file or not tf.io.gfile.exists(file):
+        return looped
+    try:
+        with tf.io.gfile.GFile(file) as f:
+            sched = torch_format.from_actions(torch_format.read_csv(f.read()))
+    except (schedules.ScheduleError, UnicodeDecodeError):
+        return looped
+    if (sched.num_stages, sched.num_devices) != (num_stages, num_devices):
+        return looped
+    return [sched.device_of(s) for s in range(num_stages)]
 
 
 def _schedule_from_file(path: str, file: str, want: tuple[int, int, int], remat: str) -> schedules.Schedule:

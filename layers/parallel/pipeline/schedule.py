@@ -17,6 +17,9 @@ Families (``SCHEDULES``):
 - ``one_f_one_b_split``: 1F1B's order with each B split into I and W, W right after its I: the
   gradient leaves for the previous stage after I, so the drain passes only I's back (idle
   (K - 1)(T_F + T_I) per device, 1F1B's less (K - 1) T_W), and every device holds 1F1B's K - d.
+- ``zbv`` (ZB-V, ``V_SCHEDULES``): 2K stages in a V (``virtual_stages=2``; device d holds stages d
+  and 2K - 1 - d, so the loss's backward starts on the device where the forward ended), B split
+  into I and W, laid out by a greedy walk in unit time (``_zbv``).
 - ``zb_h1`` / ``zb_h2`` (zero bubble): B split into I and W; after 1F1B's warm-up each device runs
   an I as soon as its gradient arrives, else a forward while it holds fewer than K (H1: 1F1B's peak)
   or 2K - 1 (H2) micro-batches, else a pending W that fills the bubble. Generated once in unit time,
@@ -44,7 +47,8 @@ ALL_KINDS = (FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 GRADIENT_KINDS = (BACKWARD, BACKWARD_INPUT)  # the units that hand a gradient to the previous stage
 CLASSIC = ("fill_drain", "one_f_one_b")
 SCHEDULES = ("fill_drain", "one_f_one_b", "one_f_one_b_split", "interleaved_1f1b", "zb_h1", "zb_h2")
-SPLIT_BACKWARD = ("one_f_one_b_split", "zb_h1", "zb_h2")
+V_SCHEDULES = ("zbv",)  # 2K stages in a V: device d holds stages d and 2K - 1 - d (virtual_stages=2)
+SPLIT_BACKWARD = ("one_f_one_b_split", "zb_h1", "zb_h2", "zbv")
 REMAT_POLICIES = ("always", "except_last", "never")
 UNIT_COSTS = {FORWARD: 1.0, RECOMPUTE: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
 
@@ -64,20 +68,23 @@ class Op:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """Per device, the ops it runs in order; stage s runs on device ``s % num_devices``."""
+    """Per device, the ops it runs in order. ``placement[s]`` is the device that holds stage s; empty
+    means the looped placement, stage s on device ``s % num_devices`` (a V, as PyTorch's ZBV and
+    DualPipeV use, puts stages d and 2K - 1 - d on device d)."""
 
     name: str
     num_devices: int
     num_micro_batches: int
     virtual_stages: int
     orders: tuple[tuple[Op, ...], ...]
+    placement: tuple[int, ...] = ()
 
     @property
     def num_stages(self) -> int:
         return self.num_devices * self.virtual_stages
 
     def device_of(self, stage: int) -> int:
-        return stage % self.num_devices
+        return self.placement[stage] if self.placement else stage % self.num_devices
 
     def stage_order(self, stage: int) -> list[Op]:
         """Stage ``stage``'s ops in the order its device runs them."""
@@ -93,7 +100,15 @@ def remat_micro_batches(remat: str, num_micro_batches: int) -> list[bool]:
 
 
 def check_virtual_stages(schedule: str, virtual_stages: int) -> None:
-    """Raises ScheduleError unless ``virtual_stages`` is 1 or the schedule interleaves them."""
+    """Raises ScheduleError unless ``virtual_stages`` is 1 or the schedule interleaves them (a V
+    schedule needs exactly 2)."""
+    if schedule in V_SCHEDULES and virtual_stages != 2:
+        raise ScheduleError(
+            f"schedule={schedule!r} places two stages per device in a V; set virtual_stages=2 "
+            f"(got {virtual_stages})"
+        )
+    if schedule in V_SCHEDULES:
+        return
     if virtual_stages > 1 and schedule != "interleaved_1f1b":
         raise ScheduleError(
             f"virtual_stages={virtual_stages} needs schedule='interleaved_1f1b' (got {schedule!r}); set "
@@ -103,7 +118,7 @@ def check_virtual_stages(schedule: str, virtual_stages: int) -> None:
 
 def check_combination(schedule: str, num_devices: int, num_micro_batches: int, virtual_stages: int) -> None:
     """Raises ScheduleError (one line naming the knob and the fix) for a combination that cannot run."""
-    _check_choice("schedule", schedule, SCHEDULES)
+    _check_choice("schedule", schedule, SCHEDULES + V_SCHEDULES)
     k = _positive("num_stages", num_devices)
     m = _positive("num_micro_batches", num_micro_batches)
     v = _positive("virtual_stages", virtual_stages)
@@ -130,13 +145,21 @@ def build(
         orders = [_one_f_one_b(d, k, m) for d in range(k)]
     elif schedule == "interleaved_1f1b":
         orders = [_interleaved(d, k, m, v) for d in range(k)]
+    elif schedule == "zbv":
+        orders = _zbv(k, m)
     elif schedule == "one_f_one_b_split":
         orders = [_split(_one_f_one_b(d, k, m)) for d in range(k)]
     else:
         orders = _zero_bubble(k, m, h2=schedule == "zb_h2")
     remat_of = remat_micro_batches(remat, m)
     with_remat = tuple(tuple(_with_recompute(order, remat_of)) for order in orders)
-    return Schedule(schedule, k, m, v, with_remat)
+    placement = v_placement(k) if schedule in V_SCHEDULES else ()
+    return Schedule(schedule, k, m, v, with_remat, placement)
+
+
+def v_placement(num_devices: int) -> tuple[int, ...]:
+    """The device of each of 2K stages in a V: stages d and 2K - 1 - d on device d."""
+    return tuple(s if s < num_devices else 2 * num_devices - 1 - s for s in range(2 * num_devices))
 
 
 def with_remat(schedule: Schedule, remat: str) -> Schedule:
@@ -241,6 +264,60 @@ def _zero_bubble(k: int, m: int, h2: bool) -> list[list[Op]]:
                     break
         if not finished:  # cannot happen: the last device can always make progress
             raise ScheduleError(f"zero-bubble generation stalled at K={k}, M={m}")
+        done.update(finished)
+    return orders
+
+
+def _zbv(k: int, m: int) -> list[list[Op]]:
+    """ZB-V (Qi et al., 2024) by a greedy walk in unit time (F = I = W = 1) over the V placement:
+    device d holds stages d and 2K - 1 - d. Each device runs, in this priority, an I whose gradient
+    has arrived (lowest micro-batch first, the later stage on ties), a forward of its later stage
+    (nearer the loss), a forward of its earlier stage while it holds fewer than 2K (stage,
+    micro-batch) activations, a pending W. Forwards of the later stage are never held back, so the
+    loss's backward always gets going and the walk cannot stall."""
+    n = 2 * k
+    held = [(d, n - 1 - d) for d in range(k)]
+    limit = n
+    done = set()
+    orders = [[] for _ in range(k)]
+    nxt = {(s, kind): 0 for s in range(n) for kind in (FORWARD, BACKWARD_INPUT)}
+    pending_w = [[] for _ in range(k)]
+    in_flight = [0] * k
+    total = 3 * n * m
+    while len(done) < total:
+        finished = []
+        for d in range(k):
+            choice = None
+            # an I whose gradient has arrived, lowest micro-batch first, later stage on ties
+            best = None
+            for s in held[d]:
+                j = nxt[(s, BACKWARD_INPUT)]
+                if j < nxt[(s, FORWARD)]:
+                    dep = Op(s, j, FORWARD) if s == n - 1 else Op(s + 1, j, BACKWARD_INPUT)
+                    if dep in done and Op(s, j, FORWARD) in done and (best is None or (j, -s) < best[0]):
+                        best = ((j, -s), Op(s, j, BACKWARD_INPUT))
+            if best:
+                choice = best[1]
+            if choice is None:
+                for s in reversed(held[d]):  # the later stage (nearer the loss) first
+                    j = nxt[(s, FORWARD)]
+                    if j < m and (s == 0 or Op(s - 1, j, FORWARD) in done):
+                        if s == held[d][1] or in_flight[d] < limit:
+                            choice = Op(s, j, FORWARD)
+                            break
+            if choice is None and pending_w[d]:
+                choice = pending_w[d].pop(0)
+            if choice is None:
+                continue
+            if choice.kind in (FORWARD, BACKWARD_INPUT):
+                nxt[(choice.stage, choice.kind)] += 1
+            if choice.kind == BACKWARD_INPUT:
+                pending_w[d].append(Op(choice.stage, choice.micro_batch, BACKWARD_WEIGHT))
+            in_flight[d] += {FORWARD: 1, BACKWARD_INPUT: 0, BACKWARD_WEIGHT: -1}[choice.kind]
+            orders[d].append(choice)
+            finished.append(choice)
+        if not finished:
+            raise ScheduleError(f"zbv generation stalled at K={k}, M={m}")
         done.update(finished)
     return orders
 

@@ -6,9 +6,22 @@ transfers ``0SEND_F1`` / ``1RECV_F1`` (an activation from stage 0 to stage 1) an
 ``0RECV_B1`` (a gradient from stage 1 back to stage 0; a transfer action names the stage that sends
 or receives). A CSV holds one row per rank, its actions in order, one per cell. Compute-only lists
 (no SEND/RECV) are PyTorch's "compute only" form; ``to_actions(..., with_transfers=True)`` adds the
-transfers where the stages sit on different ranks. Stage s runs on rank ``s % K`` (PyTorch's looped
-placement, as interleaved 1F1B uses). Recomputes are not actions: the GPipe layer adds them from its
+transfers where the stages sit on different ranks. The placement is read from the rows: stage s runs
+on the rank whose row holds its actions (PyTorch's looped placement, s % K, or a V: rank r holds
+stages r and 2K - 1 - r, as ZBV zero-bubble and DualPipeV use); every rank holds the same number of
+stages. Recomputes are not actions: the GPipe layer adds them from its
 remat policy. Plain Python: no TensorFlow, no torch.
+
+Also read:
+
+- ``<stage>REDUCE_GRAD`` (PyTorch's per-stage gradient reduction, no micro-batch): a no-op. The
+  executor sums each stage's gradients over its micro-batches inside the step, and a reduction over
+  data-parallel replicas belongs to the optimizer, so nothing is left for the action to do. It must
+  name a stage its rank holds and come after that stage's last backward.
+- ``(aFi;bBj)OVERLAP_F_B`` (DualPipeV's forward and backward meant to overlap): read as its two
+  actions, run one after the other in the order written (no overlap).
+- PyTorch's older form, where ``B`` followed later by ``W`` of the same unit is the input gradient
+  (today's ``I``): such a ``B`` is read as ``I``. A ``B`` with no ``W`` is a full backward.
 """
 
 from __future__ import annotations
@@ -23,6 +36,9 @@ from layers.parallel.pipeline import timeline
 from layers.parallel.pipeline.schedule import Op, Schedule, ScheduleError
 
 _ACTION = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
+_REDUCE = re.compile(r"^(\d+)REDUCE_GRAD$")
+_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+REDUCE_GRAD = "REDUCE_GRAD"
 _KIND_OF = {
     "F": schedules.FORWARD,
     "B": schedules.BACKWARD,
@@ -34,7 +50,7 @@ _CODE_OF = {kind: code for code, kind in _KIND_OF.items()}
 
 def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[str]]:
     """Each rank's actions (recomputes left out)."""
-    k, last = schedule.num_devices, schedule.num_stages - 1
+    last, on = schedule.num_stages - 1, schedule.device_of
     rows: list[list[str]] = []
     for d, order in enumerate(schedule.orders):
         row = []
@@ -43,14 +59,14 @@ def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[st
                 continue
             s, m = op.stage, op.micro_batch
             gradient = op.kind in schedules.GRADIENT_KINDS
-            if with_transfers and op.kind == schedules.FORWARD and s > 0 and (s - 1) % k != d:
+            if with_transfers and op.kind == schedules.FORWARD and s > 0 and on(s - 1) != d:
                 row.append(f"{s}RECV_F{m}")
-            if with_transfers and gradient and s < last and (s + 1) % k != d:
+            if with_transfers and gradient and s < last and on(s + 1) != d:
                 row.append(f"{s}RECV_B{m}")
             row.append(f"{s}{_CODE_OF[op.kind]}{m}")
-            if with_transfers and op.kind == schedules.FORWARD and s < last and (s + 1) % k != d:
+            if with_transfers and op.kind == schedules.FORWARD and s < last and on(s + 1) != d:
                 row.append(f"{s}SEND_F{m}")
-            if with_transfers and gradient and s > 0 and (s - 1) % k != d:
+            if with_transfers and gradient and s > 0 and on(s - 1) != d:
                 row.append(f"{s}SEND_B{m}")
         rows.append(row)
     return rows
@@ -59,6 +75,7 @@ def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[st
 def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
     """The schedule the ranks' actions describe, after ``validate``."""
     validate(rows)
+    rows = _normalized(rows)
     k = len(rows)
     orders = []
     for row in rows:
@@ -70,7 +87,12 @@ def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
         orders.append(tuple(ops))
     stages = 1 + max(op.stage for order in orders for op in order)
     micro = 1 + max(op.micro_batch for order in orders for op in order)
-    return Schedule(name, k, micro, stages // k, tuple(orders))
+    placement = tuple(
+        next(d for d, order in enumerate(orders) if Op(s, 0, schedules.FORWARD) in order)
+        for s in range(stages)
+    )
+    looped = placement == tuple(s % k for s in range(stages))
+    return Schedule(name, k, micro, stages // k, tuple(orders), () if looped else placement)
 
 
 def validate(rows: Sequence[Sequence[str]]) -> None:
@@ -80,11 +102,18 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
     k = len(rows)
     if k == 0 or not any(rows):
         raise ScheduleError("the schedule has no actions")
+    rows = _normalized(rows)
     parsed = [[(a, *_parse(a, r, i)) for i, a in enumerate(row)] for r, row in enumerate(rows)]
+    if not any(code != REDUCE_GRAD for row in parsed for _, _, code, _ in row):
+        raise ScheduleError("the schedule has no compute actions")
     stages = 1 + max(s for row in parsed for _, s, _, _ in row)
-    micro = 1 + max(m for row in parsed for _, _, _, m in row)
+    micro = 1 + max(m for row in parsed for _, _, code, m in row if code != REDUCE_GRAD)
     if stages % k:
-        raise ScheduleError(f"{stages} stages cannot be spread over {k} ranks (stage s runs on rank s % {k})")
+        raise ScheduleError(f"{stages} stages cannot be spread over {k} ranks (each rank holds as many)")
+    rank_of: dict[int, int] = {}
+    for r, row in enumerate(parsed):
+        for _, s, _, _ in row:
+            rank_of.setdefault(s, r)
     seen: dict[Op, str] = {}
     sends = {
         (a.replace("SEND", "RECV", 1)) for row in parsed for a, _, code, _ in row if code.startswith("SEND")
@@ -92,13 +121,21 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
     for r, row in enumerate(parsed):
         for i, (action, s, code, m) in enumerate(row):
             where = f"rank {r}, action {i} ({action})"
-            if s % k != r:
-                raise ScheduleError(f"{where}: stage {s} runs on rank {s % k}, not rank {r}")
+            if rank_of[s] != r:
+                raise ScheduleError(f"{where}: stage {s} runs on rank {rank_of[s]}, not rank {r}")
+            if code == REDUCE_GRAD:
+                later = [a for a, s2, c2, _ in row[i + 1 :] if s2 == s and c2 in ("B", "I", "W")]
+                if later:
+                    raise ScheduleError(
+                        f"{where}: stage {s}'s gradient reduction before its backward {later[0]}"
+                    )
+                continue
             if code.startswith("RECV"):
                 peer = s - 1 if code == "RECV_F" else s + 1
                 if f"{peer}{code}{m}" not in sends:
                     raise ScheduleError(
-                        f"{where}: a receive with no send ({peer}SEND_{code[-1]}{m} on rank {peer % k})"
+                        f"{where}: a receive with no send ({peer}SEND_{code[-1]}{m} "
+                        f"on rank {rank_of.get(peer, '?')})"
                     )
                 continue
             if code.startswith("SEND"):
@@ -111,10 +148,18 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
             if op.kind == schedules.BACKWARD_WEIGHT and Op(s, m, schedules.BACKWARD_INPUT) not in seen:
                 raise ScheduleError(f"{where}: a weight gradient before its input gradient ({s}I{m})")
             seen[op] = where
+    held = [sorted(s for s, r in rank_of.items() if r == rank) for rank in range(k)]
+    if any(len(h) != stages // k for h in held):
+        raise ScheduleError(
+            f"each rank must hold {stages // k} of the {stages} stages; the ranks hold "
+            + ", ".join(f"rank {r}: {h}" for r, h in enumerate(held))
+        )
     for s in range(stages):
         for m in range(micro):
             if Op(s, m, schedules.FORWARD) not in seen:
-                raise ScheduleError(f"micro-batch {m} is missing on stage {s}: no {s}F{m} on rank {s % k}")
+                raise ScheduleError(
+                    f"micro-batch {m} is missing on stage {s}: no {s}F{m} on rank {rank_of.get(s, '?')}"
+                )
             full = Op(s, m, schedules.BACKWARD) in seen
             split = Op(s, m, schedules.BACKWARD_INPUT) in seen or Op(s, m, schedules.BACKWARD_WEIGHT) in seen
             if full == split or (split and Op(s, m, schedules.BACKWARD_WEIGHT) not in seen):
@@ -139,12 +184,37 @@ def write_csv(rows: Sequence[Sequence[str]]) -> str:
     return out.getvalue()
 
 
+def _normalized(rows: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Each ``OVERLAP_F_B`` cell as its actions in order; in PyTorch's older form, a ``B`` whose unit
+    has a ``W`` later on the same rank as its ``I``."""
+    out = []
+    for cells in rows:
+        row = [a for cell in cells for a in _overlapped(cell)]
+        new = []
+        for i, action in enumerate(row):
+            match = _ACTION.match(action)
+            if match and match[2] == "B" and f"{match[1]}W{match[3]}" in row[i + 1 :]:
+                action = f"{match[1]}I{match[3]}"
+            new.append(action)
+        out.append(new)
+    return out
+
+
+def _overlapped(cell: str) -> list[str]:
+    match = _OVERLAP.match(cell)
+    return [a.strip() for a in match[1].split(";")] if match else [cell]
+
+
 def _parse(action: str, rank: int | None = None, index: int | None = None) -> tuple[int, str, int]:
+    """(stage, code, micro-batch); ``REDUCE_GRAD`` has micro-batch -1."""
     match = _ACTION.match(action)
-    if not match:
-        where = f"rank {rank}, action {index}: " if rank is not None else ""
-        raise ScheduleError(
-            f"{where}{action!r} is not an action: <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><micro-batch>, "
-            "e.g. 2F0"
-        )
-    return int(match[1]), match[2], int(match[3])
+    if match:
+        return int(match[1]), match[2], int(match[3])
+    reduce = _REDUCE.match(action)
+    if reduce:
+        return int(reduce[1]), REDUCE_GRAD, -1
+    where = f"rank {rank}, action {index}: " if rank is not None else ""
+    raise ScheduleError(
+        f"{where}{action!r} is not an action TensorPipe runs: <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B>"
+        "<micro-batch> (e.g. 2F0) or <stage>REDUCE_GRAD"
+    )

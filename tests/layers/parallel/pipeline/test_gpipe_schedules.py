@@ -104,6 +104,40 @@ def test_every_schedule_gives_the_unpipelined_gradients(schedule, seed):
         np.testing.assert_allclose(g, w, atol=TOL, err_msg=str(c))
 
 
+@pytest.mark.parametrize("remat", ["never", "except_last"])
+def test_zbv_runs_its_v_with_the_unpipelined_gradients(remat):
+    """ZB-V at K=2, M=3: four stages in a V (device 0 holds stages 0 and 3), each on its device."""
+    rng = np.random.default_rng(5)
+    widths = [4, 5, 6, 5, 3]
+    x = tf.constant(rng.normal(size=(6, 4)).astype(np.float32))
+    target = tf.constant(rng.normal(size=(6, 3)).astype(np.float32))
+    weights = tf.constant(rng.uniform(0.5, 1.5, size=(6,)).astype(np.float32))
+
+    def make(**kw):
+        return gpipe.GPipeLayer.Params().set(name="net", layers=_layers(widths), **kw).instantiate()
+
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    pipe = make(
+        num_stages=2, virtual_stages=2, num_micro_batches=3, remat=remat, schedule="zbv", devices=devices
+    )
+    assert pipe.schedule_for(3).placement == (0, 1, 1, 0)
+    assert [d[-5:] for d in pipe.stage_devices] == ["CPU:0", "CPU:1", "CPU:1", "CPU:0"]
+    got_loss, got = _gradients(pipe, x, target, weights)
+    want_loss, want = _gradients(make(num_stages=1, num_micro_batches=1), x, target, weights)
+    assert got_loss == pytest.approx(want_loss, abs=TOL)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=TOL)
+
+
+def test_zbv_needs_two_virtual_stages():
+    with pytest.raises(
+        ConfigError, match=r"schedule='zbv' places two stages per device in a V; set virtual_stages=2"
+    ):
+        gpipe.GPipeLayer.Params().set(
+            name="net", layers=_layers([3, 3, 3]), num_stages=2, schedule="zbv"
+        ).instantiate()
+
+
 def _image_task(schedule: str, k: int, m: int, v: int, remat: str) -> ImageClassifierTask:
     layers = [core.FlattenLayer.Params().set(name="flatten")] + _layers([12, 8, 8, 8, 6])
     for p in layers[1:]:

@@ -353,3 +353,16 @@ def test_budgets_other_schedules_and_unknown_sizes():
     assert mem.weight_budgets(zb, [4, None]) == [4, None]
     assert mem.weight_budgets(zb, [None, 6]) == [None, 0]  # only its own 1F1B peak (6) is known
     assert mem.deferred_segments(None, [2, 2]) == 2
+
+
+def test_zbv_is_a_v_and_its_unit_time_step_beats_zb_h1():
+    """ZB-V at K=2, M=4 in unit time (a V stage is half a device's work: F = I = W = 1 per stage,
+    2 for zb_h1's whole-device stages): the last stage runs on device 0, and the step is shorter."""
+    zbv = ps.build("zbv", 2, 4, virtual_stages=2)
+    assert zbv.placement == (0, 1, 1, 0) and zbv.num_stages == 4
+    assert {op.stage for op in zbv.orders[0]} == {0, 3}
+    evs = tl.timeline(zbv.orders, {kind: [1.0] * 4 for kind in ps.ALL_KINDS})
+    assert {e.row for e in evs if e.stage == 3} == {0}
+    zb = ps.build("zb_h1", 2, 4)
+    zb_evs = tl.timeline(zb.orders, {kind: [2.0] * 2 for kind in ps.ALL_KINDS})
+    assert tl.step_time(evs) == 25.0 < tl.step_time(zb_evs) == 26.0
