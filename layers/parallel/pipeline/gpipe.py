@@ -38,7 +38,7 @@ from layers import checks
 from layers.base_layer import BaseLayer, FPropContext, layers_of_type
 from layers.parallel import device_choice, partition
 from layers.parallel import mesh as mesh_lib
-from layers.parallel.pipeline import knobs, microbatch, segment, stage_mesh, torch_format
+from layers.parallel.pipeline import knobs, microbatch, schedule_file, segment, stage_mesh
 from layers.parallel.pipeline import schedule as schedules
 from layers.parallel.pipeline.executor import PipelineExecutor, run_in_order
 from layers.parallel.pipeline.segment import HeadFn
@@ -139,7 +139,7 @@ class GPipeLayer(BaseLayer):
         """The schedule device of each stage: a V for ``zbv``, else where ``schedule_file`` puts it."""
         if not self.params.schedule_file and self._schedule in schedules.V_SCHEDULES:
             return list(schedules.v_placement(num_devices))
-        return _file_placement(self.params.schedule_file, num_stages, num_devices)
+        return schedule_file.placement(self.params.schedule_file, num_stages, num_devices)
 
     def _build(self, params_list: list[Params], where: list[int], prefix: str) -> list[BaseLayer]:
         """Each layer on its schedule device ``where[i]``: that device, or that stage mesh's scope."""
@@ -217,7 +217,7 @@ class GPipeLayer(BaseLayer):
         try:
             if self.params.schedule_file:
                 want = (self.num_devices, self.num_stages, num_micro_batches)
-                sched = _schedule_from_file(self.path, self.params.schedule_file, want, self._remat)
+                sched = schedule_file.load(self.path, self.params.schedule_file, want, self._remat)
             else:
                 sched = schedules.build(
                     self._schedule, self.num_devices, num_micro_batches, self._remat, self._virtual
@@ -390,47 +390,6 @@ def _partition_report(layer: GPipeLayer, method: str, costs: dict[str, list[floa
     return partition.format_report(title, names, layer.stage_bounds, devices, num_params, costs)
 
 
-def _file_placement(file: str, num_stages: int, num_devices: int) -> list[int]:
-    """The device of each stage: where the schedule in ``file`` puts it, else the looped s % K (also
-    when the file cannot be read or does not fit: ``schedule_for`` then says why in one line)."""
-    looped = [s % num_devices for s in range(num_stages)]
-    if not file or not tf.io.gfile.exists(file):
-        return looped
-    try:
-        with tf.io.gfile.GFile(file) as f:
-            sched = torch_format.from_actions(torch_format.read_csv(f.read()))
-    except (schedules.ScheduleError, UnicodeDecodeError):
-        return looped
-    if (sched.num_stages, sched.num_devices) != (num_stages, num_devices):
-        return looped
-    return [sched.device_of(s) for s in range(num_stages)]
-
-
-def _schedule_from_file(path: str, file: str, want: tuple[int, int, int], remat: str) -> schedules.Schedule:
-    """The schedule in ``file`` (torch.distributed.pipelining's CSV) for the layer at ``path`` with
-    ``want`` (devices, stages, micro-batches), re-materialized by ``remat``."""
-    if not tf.io.gfile.exists(file):
-        raise ConfigError(f"{path}: params.schedule_file {file!r} does not exist")
-    if tf.io.gfile.isdir(file):
-        raise ConfigError(f"{path}: params.schedule_file {file!r} is a directory, not a CSV file")
-    try:
-        with tf.io.gfile.GFile(file) as f:
-            rows = torch_format.read_csv(f.read())
-        sched = torch_format.from_actions(rows, name=f"file:{file}")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: params.schedule_file {file} is not UTF-8 text ({e.reason})") from None
-    except (ValueError, tf.errors.OpError) as e:  # ScheduleError, a number past int's digits
-        raise ConfigError(f"{path}: params.schedule_file {file}: {str(e)[:200]}") from None
-    got = (sched.num_devices, sched.num_stages, sched.num_micro_batches)
-    if got != want:
-        raise ConfigError(
-            f"{path}: params.schedule_file {file} has {got[0]} ranks, {got[1]} stages and "
-            f"{got[2]} micro-batches; the layer has {want[0]} devices, {want[1]} stages and {want[2]} "
-            "micro-batches: set num_stages, virtual_stages and num_micro_batches to match"
-        )
-    return schedules.with_remat(sched, remat)
-
-
 def _mesh_text(mesh: mesh_lib.DeviceMesh) -> str:
     """``CPU:2,CPU:3 (model=2)``: a stage mesh's devices and axes, for the partition table."""
     devices = [str(d).rsplit("/device:", 1)[-1] for d in mesh.mesh.local_devices()]
@@ -462,12 +421,6 @@ def gpipe_params_in(p: Params) -> list[InstantiableParams]:
 
     visit(p)
     return found
-
-
-def _mesh_text(mesh: mesh_lib.DeviceMesh) -> str:
-    """``CPU:2,CPU:3 (model=2)``: a stage mesh's devices and axes, for the partition table."""
-    devices = [str(d).rsplit("/device:", 1)[-1] for d in mesh.mesh.local_devices()]
-    return f"{','.join(devices)} ({mesh.describe()})"
 
 
 def clear_stage_meshes(node: Params) -> None:
