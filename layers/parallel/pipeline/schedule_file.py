@@ -15,12 +15,12 @@ def placement(file: str, num_stages: int, num_devices: int) -> list[int]:
     """The device of each stage: where the schedule in ``file`` puts it, else the looped s % K (also
     when the file cannot be read or does not fit: ``load`` then says why in one line)."""
     looped = [s % num_devices for s in range(num_stages)]
-    if not file or not tf.io.gfile.exists(file):
+    if not file or not tf.io.gfile.exists(file) or tf.io.gfile.isdir(file):
         return looped
     try:
         with tf.io.gfile.GFile(file) as f:
             sched = torch_format.from_actions(torch_format.read_csv(f.read()))
-    except (schedules.ScheduleError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, tf.errors.OpError):  # ScheduleError too; ``load`` says why
         return looped
     if (sched.num_stages, sched.num_devices) != (num_stages, num_devices):
         return looped

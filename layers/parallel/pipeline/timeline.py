@@ -193,7 +193,8 @@ def bubble(evs: Sequence[Event]) -> float:
     """The idle fraction of the step, over all devices: 1 - busy time / (devices x step time)."""
     rows = {e.row for e in evs}
     busy = sum(e.end - e.start for e in evs)
-    return 1.0 - busy / (len(rows) * step_time(evs))
+    total = len(rows) * step_time(evs)
+    return 1.0 - busy / total if total > 0 else 0.0  # units of no duration: nothing waits
 
 
 def theoretical_bubble(num_stages: int, num_micro_batches: int, virtual_stages: int = 1) -> float:
