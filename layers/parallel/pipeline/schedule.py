@@ -19,7 +19,11 @@ Families (``SCHEDULES``):
   (K - 1)(T_F + T_I) per device, 1F1B's less (K - 1) T_W), and every device holds 1F1B's K - d.
 - ``zbv`` (ZB-V, ``V_SCHEDULES``): 2K stages in a V (``virtual_stages=2``; device d holds stages d
   and 2K - 1 - d, so the loss's backward starts on the device where the forward ended), B split
-  into I and W, laid out by a greedy walk in unit time (``_zbv``).
+  into I and W in Qi et al.'s fixed order (``_zbv``): each device holds at most K whole
+  micro-batches, 1F1B's peak.
+- ``dualpipe_v`` (DualPipeV, ``V_SCHEDULES``, M >= 2K): the same V in PyTorch's DualPipeV order
+  (``_dualpipe_v``): a forward and a full backward paired in the steady state (PyTorch overlaps
+  them; here they run one after the other), split backwards at the ends.
 - ``zb_h1`` / ``zb_h2`` (zero bubble): B split into I and W; after 1F1B's warm-up each device runs
   an I as soon as its gradient arrives, else a forward while it holds fewer than K (H1: 1F1B's peak)
   or 2K - 1 (H2) micro-batches, else a pending W that fills the bubble. Generated once in unit time,
@@ -47,8 +51,11 @@ ALL_KINDS = (FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 GRADIENT_KINDS = (BACKWARD, BACKWARD_INPUT)  # the units that hand a gradient to the previous stage
 CLASSIC = ("fill_drain", "one_f_one_b")
 SCHEDULES = ("fill_drain", "one_f_one_b", "one_f_one_b_split", "interleaved_1f1b", "zb_h1", "zb_h2")
-V_SCHEDULES = ("zbv",)  # 2K stages in a V: device d holds stages d and 2K - 1 - d (virtual_stages=2)
-SPLIT_BACKWARD = ("one_f_one_b_split", "zb_h1", "zb_h2", "zbv")
+V_SCHEDULES = (
+    "zbv",
+    "dualpipe_v",
+)  # 2K stages in a V: device d holds stages d and 2K - 1 - d (virtual_stages=2)
+SPLIT_BACKWARD = ("one_f_one_b_split", "zb_h1", "zb_h2", "zbv", "dualpipe_v")
 REMAT_POLICIES = ("always", "except_last", "never")
 UNIT_COSTS = {FORWARD: 1.0, RECOMPUTE: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
 
@@ -128,6 +135,11 @@ def check_combination(schedule: str, num_devices: int, num_micro_batches: int, v
             f"schedule='interleaved_1f1b' needs num_micro_batches ({m}) to be a multiple of num_stages "
             f"({k}); use num_micro_batches={k * max(1, round(m / k))} or virtual_stages=1"
         )
+    if schedule == "dualpipe_v" and m < 2 * k:
+        raise ScheduleError(
+            f"schedule='dualpipe_v' needs num_micro_batches ({m}) of at least 2 x num_stages ({2 * k}), "
+            f"one per stage of its V; use num_micro_batches={2 * k}"
+        )
 
 
 def build(
@@ -147,6 +159,8 @@ def build(
         orders = [_interleaved(d, k, m, v) for d in range(k)]
     elif schedule == "zbv":
         orders = _zbv(k, m)
+    elif schedule == "dualpipe_v":
+        orders = _dualpipe_v(k, m)
     elif schedule == "one_f_one_b_split":
         orders = [_split(_one_f_one_b(d, k, m)) for d in range(k)]
     else:
@@ -268,58 +282,119 @@ def _zero_bubble(k: int, m: int, h2: bool) -> list[list[Op]]:
     return orders
 
 
+class _DeviceOrder:
+    """One device's order as it is written: each unit takes the next micro-batch of its stage and
+    kind (a B counts as that stage's next I), and an I queues its W for ``weight``."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.count: dict[tuple[int, str], int] = {}
+        self.weights: list[Op] = []
+
+    def next(self, stage: int, kind: str) -> int:
+        return self.count.get((stage, BACKWARD_INPUT if kind == BACKWARD else kind), 0)
+
+    def add(self, stage: int, kind: str) -> None:
+        m = self.next(stage, kind)
+        self.ops.append(Op(stage, m, kind))
+        self.count[(stage, BACKWARD_INPUT if kind == BACKWARD else kind)] = m + 1
+        if kind == BACKWARD_INPUT:
+            self.weights.append(Op(stage, m, BACKWARD_WEIGHT))
+
+    def weight(self) -> None:
+        """The oldest pending W, if any."""
+        if self.weights:
+            self.ops.append(self.weights.pop(0))
+
+
 def _zbv(k: int, m: int) -> list[list[Op]]:
-    """ZB-V (Qi et al., 2024) by a greedy walk in unit time (F = I = W = 1) over the V placement:
-    device d holds stages d and 2K - 1 - d. Each device runs, in this priority, an I whose gradient
-    has arrived (lowest micro-batch first, the later stage on ties), a forward of its later stage
-    (nearer the loss), a forward of its earlier stage while it holds fewer than 2K (stage,
-    micro-batch) activations, a pending W. Forwards of the later stage are never held back, so the
-    loss's backward always gets going and the walk cannot stall."""
-    n = 2 * k
-    held = [(d, n - 1 - d) for d in range(k)]
-    limit = n
-    done = set()
-    orders = [[] for _ in range(k)]
-    nxt = {(s, kind): 0 for s in range(n) for kind in (FORWARD, BACKWARD_INPUT)}
-    pending_w = [[] for _ in range(k)]
-    in_flight = [0] * k
-    total = 3 * n * m
-    while len(done) < total:
-        finished = []
-        for d in range(k):
-            choice = None
-            # an I whose gradient has arrived, lowest micro-batch first, later stage on ties
-            best = None
-            for s in held[d]:
-                j = nxt[(s, BACKWARD_INPUT)]
-                if j < nxt[(s, FORWARD)]:
-                    dep = Op(s, j, FORWARD) if s == n - 1 else Op(s + 1, j, BACKWARD_INPUT)
-                    if dep in done and Op(s, j, FORWARD) in done and (best is None or (j, -s) < best[0]):
-                        best = ((j, -s), Op(s, j, BACKWARD_INPUT))
-            if best:
-                choice = best[1]
-            if choice is None:
-                for s in reversed(held[d]):  # the later stage (nearer the loss) first
-                    j = nxt[(s, FORWARD)]
-                    if j < m and (s == 0 or Op(s - 1, j, FORWARD) in done):
-                        if s == held[d][1] or in_flight[d] < limit:
-                            choice = Op(s, j, FORWARD)
-                            break
-            if choice is None and pending_w[d]:
-                choice = pending_w[d].pop(0)
-            if choice is None:
-                continue
-            if choice.kind in (FORWARD, BACKWARD_INPUT):
-                nxt[(choice.stage, choice.kind)] += 1
-            if choice.kind == BACKWARD_INPUT:
-                pending_w[d].append(Op(choice.stage, choice.micro_batch, BACKWARD_WEIGHT))
-            in_flight[d] += {FORWARD: 1, BACKWARD_INPUT: 0, BACKWARD_WEIGHT: -1}[choice.kind]
-            orders[d].append(choice)
-            finished.append(choice)
-        if not finished:
-            raise ScheduleError(f"zbv generation stalled at K={k}, M={m}")
-        done.update(finished)
-    return orders
+    """ZB-V (Qi et al., 2024, "Pipeline Parallelism with Controllable Memory"; PyTorch's
+    ScheduleZBVZeroBubble) on the V placement: device d holds stage d (its "first") and 2K - 1 - d
+    (its "last"). Device d warms up with 2(K - d) - 1 forwards of its first stage, then d pairs of
+    (last, first) forwards, then K - d times a forward of its last stage with its I and W; in the
+    steady state it alternates (forward, I, W) on its first stage and on its last; it cools down with
+    d pairs of I (first, last), then K - d times (I, W) of its first stage, then the W left. Each
+    device holds at most 2K (stage, micro-batch) pairs, K micro-batches of a whole device: 1F1B's
+    peak. The order is built for max(M, 2K - 1) micro-batches and the units past M left out."""
+    total = max(m, 2 * k - 1)
+    return [[op for op in _zbv_device(d, 2 * k - 1 - d, k, total) if op.micro_batch < m] for d in range(k)]
+
+
+def _zbv_device(first: int, last: int, k: int, total: int) -> list[Op]:
+    d, order = first, _DeviceOrder()
+    f, i, w = FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT
+    for _ in range(2 * (k - d) - 1):
+        order.add(first, f)
+    for _ in range(d):
+        order.add(last, f)
+        order.add(first, f)
+    for _ in range(k - d):
+        for kind in (f, i, w):
+            order.add(last, kind)
+    while order.next(last, f) < order.next(first, f) or order.next(first, f) < total:
+        if order.next(first, f) < total:
+            order.add(first, f)
+        order.add(first, i)
+        order.add(first, w)
+        for kind in (f, i, w):
+            order.add(last, kind)
+    for _ in range(d):
+        order.add(first, i)
+        order.add(last, i)
+    for _ in range(k - d):
+        order.add(first, i)
+        order.add(first, w)
+    for s in (last, first):
+        while order.next(s, w) < order.next(s, i):
+            order.add(s, w)
+    return order.ops
+
+
+def _dualpipe_v(k: int, m: int) -> list[list[Op]]:
+    """DualPipeV (DeepSeek's DualPipe folded into a V, as PyTorch's ScheduleDualPipeV orders it) for
+    M >= 2K. Device d holds its first stage d and its last 2K - 1 - d; in order it runs
+    2(K - d - 1) forwards of its first stage; d + 1 pairs of forwards (first, last); K - d - 1 times
+    an I of its last stage, a pending W and a forward of its last; M - 2K + d + 1 times the pairs
+    (forward first, B last) and (forward last, B first), which PyTorch overlaps (OVERLAP_F_B) and
+    TensorPipe runs as two units, forward first; K - d - 1 times a B of its last stage and the pair
+    (forward last, B first); d + 1 pairs of backwards (last, first), full B for the first half and
+    I from the middle on; K - d - 1 times a pending W and a backward of its first stage; the W left.
+    A W runs in the order its I's ran."""
+    return [_dualpipe_v_device(d, 2 * k - 1 - d, k, m) for d in range(k)]
+
+
+def _dualpipe_v_device(first: int, last: int, k: int, m: int) -> list[Op]:
+    d, order = first, _DeviceOrder()
+    for _ in range(2 * (k - d - 1)):
+        order.add(first, FORWARD)
+    for _ in range(d + 1):
+        order.add(first, FORWARD)
+        order.add(last, FORWARD)
+    for _ in range(k - d - 1):
+        order.add(last, BACKWARD_INPUT)
+        order.weight()
+        order.add(last, FORWARD)
+    for _ in range(m - 2 * k + d + 1):
+        for forward, backward in ((first, last), (last, first)):  # PyTorch's OVERLAP_F_B pairs
+            order.add(forward, FORWARD)
+            order.add(backward, BACKWARD)
+    for _ in range(k - d - 1):
+        order.add(last, BACKWARD)
+        order.add(last, FORWARD)
+        order.add(first, BACKWARD)
+    split = False
+    for j in range(d + 1):
+        middle = j == (d + 1) // 2
+        split = split or (middle and d % 2 == 1)
+        order.add(last, BACKWARD_INPUT if split else BACKWARD)
+        split = split or (middle and d % 2 == 0)
+        order.add(first, BACKWARD_INPUT if split else BACKWARD)
+    for _ in range(k - d - 1):
+        order.weight()
+        order.add(first, BACKWARD_INPUT if split else BACKWARD)
+    while order.weights:
+        order.weight()
+    return order.ops
 
 
 def dependencies(op: Op, num_stages: int, done: dict[Op, float] | set[Op]) -> list[Op]:

@@ -104,7 +104,7 @@ def test_a_loss_on_the_joined_outputs_is_refused_with_one_clear_error():
 def test_an_unknown_schedule_is_a_config_error():
     want = (
         "params.schedule must be one of fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b, "
-        "zb_h1, zb_h2, zbv, got 'zigzag'"
+        "zb_h1, zb_h2, zbv, dualpipe_v, got 'zigzag'"
     )
     with pytest.raises(ConfigError, match=want):
         pipeline(mlp(), num_stages=2, schedule="zigzag")

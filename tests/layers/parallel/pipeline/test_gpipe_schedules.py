@@ -104,23 +104,26 @@ def test_every_schedule_gives_the_unpipelined_gradients(schedule, seed):
         np.testing.assert_allclose(g, w, atol=TOL, err_msg=str(c))
 
 
-@pytest.mark.parametrize("remat", ["never", "except_last"])
-def test_zbv_runs_its_v_with_the_unpipelined_gradients(remat):
-    """ZB-V at K=2, M=3: four stages in a V (device 0 holds stages 0 and 3), each on its device."""
+@pytest.mark.parametrize(
+    "schedule, m, remat", [("zbv", 3, "never"), ("zbv", 3, "except_last"), ("dualpipe_v", 4, "except_last")]
+)
+def test_v_schedules_run_their_v_with_the_unpipelined_gradients(schedule, m, remat):
+    """ZB-V and DualPipeV at K=2: four stages in a V (device 0 holds stages 0 and 3), each on its
+    device; DualPipeV mixes full backwards (its overlapped pairs, run in order) with I and W."""
     rng = np.random.default_rng(5)
     widths = [4, 5, 6, 5, 3]
-    x = tf.constant(rng.normal(size=(6, 4)).astype(np.float32))
-    target = tf.constant(rng.normal(size=(6, 3)).astype(np.float32))
-    weights = tf.constant(rng.uniform(0.5, 1.5, size=(6,)).astype(np.float32))
+    x = tf.constant(rng.normal(size=(2 * m, 4)).astype(np.float32))
+    target = tf.constant(rng.normal(size=(2 * m, 3)).astype(np.float32))
+    weights = tf.constant(rng.uniform(0.5, 1.5, size=(2 * m,)).astype(np.float32))
 
     def make(**kw):
         return gpipe.GPipeLayer.Params().set(name="net", layers=_layers(widths), **kw).instantiate()
 
     devices = ["/device:CPU:0", "/device:CPU:1"]
     pipe = make(
-        num_stages=2, virtual_stages=2, num_micro_batches=3, remat=remat, schedule="zbv", devices=devices
+        num_stages=2, virtual_stages=2, num_micro_batches=m, remat=remat, schedule=schedule, devices=devices
     )
-    assert pipe.schedule_for(3).placement == (0, 1, 1, 0)
+    assert pipe.schedule_for(m).placement == (0, 1, 1, 0)
     assert [d[-5:] for d in pipe.stage_devices] == ["CPU:0", "CPU:1", "CPU:1", "CPU:0"]
     got_loss, got = _gradients(pipe, x, target, weights)
     want_loss, want = _gradients(make(num_stages=1, num_micro_batches=1), x, target, weights)

@@ -366,3 +366,26 @@ def test_zbv_is_a_v_and_its_unit_time_step_beats_zb_h1():
     zb = ps.build("zb_h1", 2, 4)
     zb_evs = tl.timeline(zb.orders, {kind: [2.0] * 2 for kind in ps.ALL_KINDS})
     assert tl.step_time(evs) == 25.0 < tl.step_time(zb_evs) == 26.0
+
+
+@pytest.mark.parametrize("k, m", [(2, 8), (4, 8), (4, 5)])
+def test_v_schedules_hold_1f1b_peak_and_beat_zb_h1_in_unit_time(k, m):
+    """ZB-V holds at most 2K half-device stages per device (K whole micro-batches, 1F1B's peak);
+    DualPipeV half a micro-batch more. Both step faster than ZB-H1 in unit time (F = I = W per half
+    device, B = I + W)."""
+    unit = {kind: [1.0] * (2 * k) for kind in ps.ALL_KINDS} | {ps.BACKWARD: [2.0] * (2 * k)}
+    whole = {kind: [2.0] * k for kind in ps.ALL_KINDS} | {ps.BACKWARD: [4.0] * k}
+    zb = tl.step_time(tl.timeline(ps.build("zb_h1", k, m).orders, whole))
+    one_f_one_b = max(mem.peak_held(tl.timeline(ps.build("one_f_one_b", k, m).orders, whole), [1.0] * k))
+    for name, extra in (("zbv", 0.0), ("dualpipe_v", 0.5)):
+        if name == "dualpipe_v" and m < 2 * k:
+            with pytest.raises(
+                ps.ScheduleError, match=r"dualpipe_v' needs num_micro_batches \(5\) of at least"
+            ):
+                ps.build(name, k, m, virtual_stages=2)
+            continue
+        sched = ps.build(name, k, m, virtual_stages=2)
+        assert sched.placement == ps.v_placement(k)
+        evs = tl.timeline(sched.orders, unit)
+        assert max(mem.peak_held(evs, [0.5] * (2 * k))) == one_f_one_b + extra == min(k, m) + extra
+        assert tl.step_time(evs) < zb

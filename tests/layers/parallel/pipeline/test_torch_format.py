@@ -31,7 +31,7 @@ def test_the_kept_csv_loads_validates_and_exports_back_identical():
 @pytest.mark.parametrize(
     "name, k, m, v",
     [(s, 2, 4, 1) for s in ps.SCHEDULES]
-    + [("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 4, 2), ("zbv", 4, 8, 2)],
+    + [("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 4, 2), ("zbv", 4, 8, 2), ("dualpipe_v", 4, 8, 2)],
 )
 def test_every_schedule_round_trips(name, k, m, v):
     sched = ps.build(name, k, m, "never", v)
