@@ -5,18 +5,22 @@
         --forward_ms=3.1,2.4 --backward_ms=6.0,4.9 --remat=always --png=/tmp/k2
 
 Prints one JSON line per schedule (every one in layers/parallel/pipeline/schedule.py, interleaved_1f1b only
-when M is a multiple of K; or those named by --schedule, comma-separated). Stage costs are one
+when M is a multiple of K, dualpipe_v only when M >= 2K; or those named by --schedule,
+comma-separated). Stage costs are one
 micro-batch's time on each stage: give one value for every stage alike or one per stage; the
 backward defaults to twice the forward, the recompute to the forward, and the zero-bubble
 schedules' input and weight halves of the backward to half the backward each. Interleaving cuts
-each stage into --virtual_stages chunks of equal cost. The model: each
+each stage into --virtual_stages chunks of equal cost; the V schedules (zbv, dualpipe_v) cut each
+device's cost into two stages of a V (device d holds stages d and 2K - 1 - d). The model: each
 stage owns its device and runs one op at a time (unless --alone_speedup says a lone stage runs
 faster); --transfer_ms is added to every hand-off between stages. With --link_mbit the stages are
 hosts joined by links of that rate (layers/parallel/pipeline/network.py): each hand-off of
 --bytes_per_handoff bytes then also takes bytes / rate, one at a time in each direction, while the
 sender goes on with its next unit. With --png=PREFIX it also writes
 PREFIX_<schedule>.png, one row per stage, and with --trace=PREFIX PREFIX_<schedule>.trace.json,
-the simulated step as Chrome/Perfetto trace events.
+the simulated step as Chrome/Perfetto trace events, and with --csv=PREFIX PREFIX_<schedule>.csv,
+its order in torch.distributed.pipelining's CSV (compute only, one row per device; a schedule_file
+loads it back).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import argparse
 import json
 import sys
 
-from layers.parallel.pipeline import network, simulator
+from layers.parallel.pipeline import network, simulator, torch_format
 from layers.parallel.pipeline import schedule as schedules
+
+NAMES = schedules.SCHEDULES + schedules.V_SCHEDULES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--schedule",
         default="all",
-        help=f"all, or some of {', '.join(schedules.SCHEDULES)} (comma-separated)",
+        help=f"all, or some of {', '.join(NAMES)} (comma-separated)",
     )
     p.add_argument("--virtual_stages", type=int, default=2, help="v, chunks per device for interleaved_1f1b")
     p.add_argument("--remat", choices=schedules.REMAT_POLICIES, default="never")
@@ -76,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--png", default=None, help="write PREFIX_<schedule>.png for each simulated schedule")
     p.add_argument("--trace", default=None, help="write PREFIX_<schedule>.trace.json for each schedule")
+    p.add_argument("--csv", default=None, help="write PREFIX_<schedule>.csv (PyTorch's format) for each one")
     return p
 
 
@@ -95,11 +102,13 @@ def _per_stage(flag: str, text: str | None, k: int) -> list[float] | None:
 
 def _schedule_names(text: str, k: int, m: int) -> list[str]:
     if text == "all":
-        return [s for s in schedules.SCHEDULES if s != "interleaved_1f1b" or m % k == 0]
+        return [
+            s for s in NAMES if (s != "interleaved_1f1b" or m % k == 0) and (s != "dualpipe_v" or m >= 2 * k)
+        ]
     names = [n.strip() for n in text.split(",") if n.strip()]
     for n in names:
-        if n not in schedules.SCHEDULES:
-            raise ValueError(f"--schedule={n!r}: expected all or some of {', '.join(schedules.SCHEDULES)}")
+        if n not in NAMES:
+            raise ValueError(f"--schedule={n!r}: expected all or some of {', '.join(NAMES)}")
     return names
 
 
@@ -134,10 +143,17 @@ def main(argv: list[str]) -> int:
         print(f"pipeline_sim: error: {e}", file=sys.stderr)
         return 2
     for name in names:
-        v = args.virtual_stages if name == "interleaved_1f1b" else 1
+        v = args.virtual_stages if name == "interleaved_1f1b" else 2 if name in schedules.V_SCHEDULES else 1
+        placement = schedules.v_placement(k) if name in schedules.V_SCHEDULES else ()
         try:
             prediction = simulator.simulate(
-                name, args.num_micro_batches, args.remat, costs.chunked(v), v, link, args.bytes_per_handoff
+                name,
+                args.num_micro_batches,
+                args.remat,
+                costs.chunked(v, placement),
+                v,
+                link,
+                args.bytes_per_handoff,
             )
         except schedules.ScheduleError as e:
             print(f"pipeline_sim: error: {e}", file=sys.stderr)
@@ -153,6 +169,12 @@ def main(argv: list[str]) -> int:
                 path, pipeline_trace.trace_events(prediction.events, k, f"{name} (simulated)")
             )
             line["trace"] = path
+        if args.csv:
+            path = f"{args.csv}_{name}.csv"
+            sched = schedules.build(name, k, args.num_micro_batches, "never", v)
+            with open(path, "w") as f:
+                f.write(torch_format.write_csv(torch_format.to_actions(sched)))
+            line["csv"] = path
         if args.png:
             from trainer.pipeline_views import picture as pipeline_picture
 

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+
+from layers.parallel.pipeline import torch_format
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +32,7 @@ def test_prints_both_schedules_and_writes_pngs(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     names = ["fill_drain", "one_f_one_b", "one_f_one_b_split", "interleaved_1f1b", "zb_h1", "zb_h2"]
+    names += ["zbv", "dualpipe_v"]
     assert [line["schedule"] for line in lines] == names
     assert lines[0]["peak_in_flight"] == [32] * 8
     assert lines[1]["peak_in_flight"] == [8, 7, 6, 5, 4, 3, 2, 1]
@@ -74,6 +78,32 @@ def test_trace_has_every_unit_each_hand_off_and_the_held_counter(tmp_path):
     assert sum(e["ph"] == "s" for e in trace) == sum(e["ph"] == "f" for e in trace) == 2 * 4
     held = [e["args"]["micro-batches held"] for e in trace if e["ph"] == "C" and e["tid"] == 0]
     assert max(held) == 2 and held[-1] == 0
+
+
+def test_v_schedules_simulate_draw_trace_and_export_their_v(tmp_path):
+    """zbv and dualpipe_v at K=2, M=8: each device's cost cut into the two stages of its V; a shorter
+    step than ZB-H1's; the trace's rows are devices; the CSV loads back with the V placement."""
+    out = _run(
+        "--num_stages=2",
+        "--num_micro_batches=8",
+        "--forward_ms=1",
+        "--schedule=zb_h1,zbv,dualpipe_v",
+        f"--png={tmp_path}/v",
+        f"--trace={tmp_path}/v",
+        f"--csv={tmp_path}/v",
+    )
+    assert out.returncode == 0, out.stderr
+    zb, zbv, dual = [json.loads(x) for x in out.stdout.splitlines()]
+    assert zbv["step_time_s"] == pytest.approx(dual["step_time_s"]) == pytest.approx(0.0245)
+    assert zb["step_time_s"] == pytest.approx(0.025)  # 49 and 50 half-forwards
+    assert zbv["virtual_stages"] == 2 and zbv["peak_in_flight"] == [4, 4] and dual["peak_in_flight"] == [5, 5]
+    trace = json.loads(Path(zbv["trace"]).read_text())["traceEvents"]
+    last = {e["tid"] for e in trace if e["ph"] == "X" and e["name"].endswith(" s3")}
+    assert last == {0}  # the last stage on device 0, beside the first
+    for line in (zbv, dual):
+        sched = torch_format.from_actions(torch_format.read_csv(Path(line["csv"]).read_text()))
+        assert sched.placement == (0, 1, 1, 0) and sched.num_micro_batches == 8
+        assert Image.open(line["png"]).size[0] == 1200
 
 
 def test_a_link_adds_bytes_over_rate_to_each_hand_off():

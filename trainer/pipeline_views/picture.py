@@ -35,14 +35,20 @@ def draw_png(
 ) -> bytes:
     """The timeline of ``events`` (start/end in seconds) as PNG bytes.
 
-    ``row_labels`` names each device's row; by default ``stage k`` (one stage per device). Each box
+    ``row_labels`` names each device's row; by default ``stage k`` (one stage per device), or the
+    device and the stages it holds (virtual stages, a V). Each box
     shows its micro-batch (and, with virtual stages, ``m/s`` with its stage).
     """
     if not events:
         raise ValueError("no events to draw")
     k_count = max(e.row for e in events) + 1
     interleaved = any(e.stage != e.row for e in events)
-    labels = list(row_labels) if row_labels is not None else [f"stage {k}" for k in range(k_count)]
+    held = [sorted({e.stage for e in events if e.row == k}) for k in range(k_count)]
+    default = [
+        f"device {k} (stages {','.join(map(str, held[k]))})" if interleaved else f"stage {k}"
+        for k in range(k_count)
+    ]
+    labels = list(row_labels) if row_labels is not None else default
     if len(labels) != k_count:
         raise ValueError(f"{len(labels)} row labels for {k_count} stages")
     t0 = min(e.start for e in events)

@@ -97,15 +97,18 @@ class StageCosts:
         fwd = [f / flops_per_second for f in flops]
         return cls.given(fwd, [backward_ratio * f for f in fwd], fwd, transfer)
 
-    def chunked(self, virtual_stages: int) -> StageCosts:
+    def chunked(self, virtual_stages: int, placement: Sequence[int] = ()) -> StageCosts:
         """Each stage cut into ``virtual_stages`` chunks of equal cost (K costs -> K * v, in stage order
-        d, d + K, ...: chunk c of device d is stage c K + d)."""
+        d, d + K, ...: chunk c of device d is stage c K + d; or stage s on device ``placement[s]``,
+        e.g. a V's ``schedule.v_placement``)."""
         if virtual_stages == 1:
             return self
 
         def spread(values: tuple[float, ...]) -> tuple[float, ...]:
+            n = len(values)
             return tuple(
-                values[s % len(values)] / virtual_stages for s in range(len(values) * virtual_stages)
+                values[placement[s] if placement else s % n] / virtual_stages
+                for s in range(n * virtual_stages)
             )
 
         return StageCosts(
