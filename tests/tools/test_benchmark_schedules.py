@@ -57,6 +57,8 @@ def test_split_schedules_hold_what_w_reads_between_i_and_w():
     assert schedules_benchmark.deferred_layers("zb_h2", 4, 512, 512, 8) == [2, 2]
     assert schedules_benchmark.deferred_layers("zb_h1", 4, 512, 512, 8) == [2, 1]
     assert schedules_benchmark.deferred_layers("one_f_one_b", 4, 512, 512, 8) == [0, 0]
+    # A V's four stages: the first (stage 0, on device 0) reads a slice of the batch.
+    assert schedules_benchmark.deferred_layers("zbv", 4, 512, 512, 8) == [2, 2, 2, 2]
     deferred = schedules_benchmark.deferred_layers("zb_h1", 4, 512, 512, 8)
     held, after_input, sums = schedules_benchmark.stage_weights(4, 512, 512, 2, deferred)
     assert held == [4 * mib, 5 * mib] and after_input == [3 * mib, 2 * mib]
@@ -145,6 +147,8 @@ def test_figures_from_measured_costs_have_the_issue_fields():
         assert f["peak_activation_bytes_per_step"] == [2500, 1900, 2000]
     interleaved = next(f for f in lines if f["schedule"] == "interleaved_1f1b")
     assert interleaved["virtual_stages"] == 2
+    zbv = next(f for f in lines if f["schedule"] == "zbv")
+    assert zbv["virtual_stages"] == 2 and len(zbv["held_bytes_per_micro_batch"]) == 4
 
 
 @pytest.mark.slow

@@ -164,13 +164,15 @@ def client_step(spec: dict, devices: list[str]) -> tuple[Any, Any]:
 
     from layers.base_layer import FPropContext
     from layers.parallel import device_choice as pipeline_devices
+    from layers.parallel.pipeline import schedule as schedules
 
     with pipeline_devices.parts_on(devices, "the benchmark's stage processes"):
         model = gpipe._model({**spec, "model": "gpipe"})
     shape = [spec["batch"], spec["width"]]
     with tf.device(devices[0]):
         x = tf.random.stateless_normal(shape, [1, 2])
-    with tf.device(devices[-1]):
+    last = devices[0] if spec.get("schedule") in schedules.V_SCHEDULES else devices[-1]
+    with tf.device(last):  # the targets beside the last stage (device 0 in a V)
         target = tf.random.stateless_normal(shape, [3, 4])
     variables = model.trainable_variables
 

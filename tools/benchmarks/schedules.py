@@ -8,8 +8,10 @@ a micro-batch: about 20 ms on one core) large against what every unit and hand-o
 (at width 512 the interleaved schedule's 16 more units and 32 more hand-offs per device cost about
 as much as its smaller bubble saves).
 Per schedule (fill_drain, one_f_one_b, one_f_one_b_split, interleaved_1f1b with virtual_stages=2,
-zb_h1, zb_h2) one JSON line ``{"name": "schedule", "schedule": ..., "step_s": ...,
-"predicted_step_s": ..., "peak_activation_bytes": ..., "predicted_peak_activation_bytes": ...}``
+zb_h1, zb_h2, and the V schedules zbv and dualpipe_v: 2K stages, device d holding stages d and
+2K - 1 - d, so the last stage and the targets sit on device 0) one JSON line ``{"name": "schedule",
+"schedule": ..., "step_s": ..., "predicted_step_s": ..., "peak_activation_bytes": ...,
+"predicted_peak_activation_bytes": ...}``
 (``value``: the step's relative prediction error; ``*_over_one_f_one_b``: the ratios the targets are
 about; ``devices``: which of the two set-ups below measured it). A ratio's two sides differ only in
 the schedule: every schedule runs in the same processes, on the same cores, in the same rounds.
@@ -20,10 +22,11 @@ its memory to another):
 - The pipeline: one ``tf.distribute.Server`` process per schedule device (``remote.Pipeline``, as
   ``tools.benchmark remote``'s stage processes with ``--stage_cpus=own``), each pinned to its own
   core with 1 intra-op and 2 inter-op threads and the BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC``),
-  and a client process (on both cores) that builds the six schedules' compiled steps with device d's
-  stages (d, and d + K for interleaved) on process d's ``CPU:0``, the batch on device 0 and the
-  targets on device 1, made once, each SGD update on its variable's device. Stage processes answer
-  ``reset`` / ``peak`` lines on stdin with their allocator's numbers (``remote.MemoryProbe``).
+  and a client process (on both cores) that builds the eight schedules' compiled steps with device
+  d's stages (d, and d + K for interleaved, 2K - 1 - d for a V) on process d's ``CPU:0``, the batch
+  on device 0 and the targets beside the last stage (device 1; device 0 for a V), made once, each
+  SGD update on its variable's device. Stage processes answer ``reset`` / ``peak`` lines on stdin
+  with their allocator's numbers (``remote.MemoryProbe``).
 - ``step_s``: the client's call of the compiled step (forward, backward, update), best of
   ``--steps`` (20; the logical side's 5: a step needs both pinned cores at once, so other work on
   the machine delays more of its steps) rounds: one step of every schedule, the hand-off steps
@@ -68,7 +71,7 @@ its memory to another):
 ``--devices=logical`` (one process, K logical CPU devices sharing 2 cores):
 
 Three worker processes (``tools/benchmarks/harness.py`` sets each up before TensorFlow starts): the
-six pipelines' steps (2 cores: 1 intra-op thread, 2 inter-op threads, 2 logical CPU devices), the
+eight pipelines' steps (2 cores: 1 intra-op thread, 2 inter-op threads, 2 logical CPU devices), the
 unit costs (1 core) and the peaks (the BFC allocator); under ``--quick`` two, the pipelines' worker
 measuring the peaks too (its steps then use the BFC allocator).
 The timed steps run in alternating rounds (one step of every side per round), so all see the same load; a
@@ -127,7 +130,7 @@ from tools.benchmarks import gpipe, harness, remote
 
 NUM_DEVICES, NUM_MICRO_BATCHES = 2, 8
 QUICK_MICRO_BATCHES = 4  # --quick: every schedule still has a steady phase at K=2, in half the graph
-# (schedule, virtual_stages): the issue's five, and 1F1B with each B split into I then W at once.
+# (schedule, virtual_stages): every built-in schedule (the V ones with their two stages per device).
 SCHEDULES = (
     ("fill_drain", 1),
     ("one_f_one_b", 1),
@@ -135,6 +138,8 @@ SCHEDULES = (
     ("interleaved_1f1b", 2),
     ("zb_h1", 1),
     ("zb_h2", 1),
+    ("zbv", 2),
+    ("dualpipe_v", 2),
 )
 # A step's allocator peak depends on the order the two devices' threads run their ops in (up to 2 MB
 # here from one step to the next): the median of this many steps' peaks counts, for every schedule.
@@ -471,7 +476,7 @@ def _measure_logical(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any
 def _measure_processes(args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
     """Every side with each schedule device a stage process of its own (``remote.Pipeline``: pinned to
     its own core, 1 intra-op and 2 inter-op threads, the BFC allocator) and a client process driving
-    the six schedules' steps and the hand-off steps; a worker for the unit costs (1 core, the BFC
+    the eight schedules' steps and the hand-off steps; a worker for the unit costs (1 core, the BFC
     allocator too); under ``--quick`` the client times the unit costs itself. Then ``--peak_steps``
     rounds of every schedule's step on stage processes of one inter-op thread (``PEAK_INTER_OP``;
     under ``--quick`` the same processes), each stage process's allocator reset before it and read
@@ -569,10 +574,11 @@ def deferred_layers(name: str, depth: int, rows: int, width: int, micro_batches:
     from layers.parallel.pipeline import memory
     from layers.parallel.pipeline import schedule as schedules
 
+    v = 2 if name in schedules.V_SCHEDULES else 1
     if name not in schedules.SPLIT_BACKWARD:
-        return [0] * NUM_DEVICES
-    sizes = [layer_bytes(depth, rows, width, s) for s in range(NUM_DEVICES)]
-    sched = schedules.build(name, NUM_DEVICES, micro_batches)
+        return [0] * NUM_DEVICES * v
+    sizes = [layer_bytes(depth, rows, width, s) for s in range(NUM_DEVICES * v)]
+    sched = schedules.build(name, NUM_DEVICES, micro_batches, virtual_stages=v)
     budgets = memory.weight_budgets(sched, [kept for kept, _ in sizes])
     return [memory.deferred_segments(b, layers) for b, (_, layers) in zip(budgets, sizes)]
 
@@ -605,7 +611,8 @@ def received_held_changes(evs: Any, boundary: float, transfer: float) -> list[li
     plus ``transfer`` (a receive waits for nothing on its own device; TensorFlow starts it with the
     step) to that forward's start; and the gradient for a stage's output (``boundary`` bytes) from the
     next stage's B (or I) end plus ``transfer`` to the end of the stage's own B (or I), which reads
-    it. Hand-offs within a device (an interleaved stage to the next on the same device: none at K=2)
+    it. Hand-offs within a device (an interleaved stage to the next on the same device: none at K=2;
+    a V's middle stages, K - 1 and K, on device K - 1)
     are not copies."""
     from layers.parallel.pipeline import schedule as schedules
 
