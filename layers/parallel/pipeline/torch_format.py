@@ -4,7 +4,9 @@ An action is ``<stage><type><micro-batch>``: ``2F0`` (forward of micro-batch 0 o
 (full backward), ``1I3`` (backward for the input), ``1W3`` (backward for the weights), and the
 transfers ``0SEND_F1`` / ``1RECV_F1`` (an activation from stage 0 to stage 1) and ``1SEND_B1`` /
 ``0RECV_B1`` (a gradient from stage 1 back to stage 0; a transfer action names the stage that sends
-or receives). A CSV holds one row per rank, its actions in order, one per cell. Compute-only lists
+or receives). A CSV holds one row per rank, its actions in order, one per cell; an empty cell is
+an idle slot (PyTorch writes its ``None`` so), and a refusal names the bad action's rank and column
+(1-based, as a spreadsheet shows it). Compute-only lists
 (no SEND/RECV) are PyTorch's "compute only" form; ``to_actions(..., with_transfers=True)`` adds the
 transfers where the stages sit on different ranks. The placement is read from the rows: stage s runs
 on the rank whose row holds its actions (PyTorch's looped placement, s % K, or a V: rank r holds
@@ -73,14 +75,14 @@ def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[st
 
 
 def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
-    """The schedule the ranks' actions describe, after ``validate``."""
+    """The schedule the ranks' actions describe, after ``validate`` (empty cells are idle slots)."""
     validate(rows)
-    rows = _normalized(rows)
-    k = len(rows)
+    cells = _cells(rows)
+    k = len(cells)
     orders = []
-    for row in rows:
+    for row in cells:
         ops = []
-        for action in row:
+        for _, action in row:
             s, code, m = _parse(action)
             if code in _KIND_OF:
                 ops.append(Op(s, m, _KIND_OF[code]))
@@ -96,35 +98,41 @@ def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
 
 
 def validate(rows: Sequence[Sequence[str]]) -> None:
-    """Raises ScheduleError naming the first bad action: one that does not parse, a stage on the wrong
-    rank, a unit twice, a backward before its forward, a W before its I, a receive with no send, a
-    missing (stage, micro-batch) unit, or an order that waits forever."""
+    """Raises ScheduleError naming the first bad action by its rank and column (1-based, as a
+    spreadsheet shows the CSV; an ``OVERLAP_F_B`` cell's two actions share theirs): one that does not
+    parse, a micro-batch past the schedule's M (the most micro-batches a stage runs forwards of: a
+    forward of micro-batch 8 where M = 8 is named at that action), a stage on another
+    rank than the one
+    holding most of that stage's actions, a unit twice, a backward before its forward, a W before its
+    I, a receive with no send, a missing (stage, micro-batch) unit, or an order that waits forever.
+    Empty cells (PyTorch's idle slots) are skipped."""
     k = len(rows)
-    if k == 0 or not any(rows):
+    cells = _cells(rows)
+    if k == 0 or not any(cells):
         raise ScheduleError("the schedule has no actions")
-    rows = _normalized(rows)
-    parsed = [[(a, *_parse(a, r, i)) for i, a in enumerate(row)] for r, row in enumerate(rows)]
-    if not any(code != REDUCE_GRAD for row in parsed for _, _, code, _ in row):
+    parsed = [[(a, *_parse(a, r, c), c) for c, a in row] for r, row in enumerate(cells)]
+    if not any(code != REDUCE_GRAD for row in parsed for _, _, code, _, _ in row):
         raise ScheduleError("the schedule has no compute actions")
-    stages = 1 + max(s for row in parsed for _, s, _, _ in row)
-    micro = 1 + max(m for row in parsed for _, _, code, m in row if code != REDUCE_GRAD)
+    stages = 1 + max(s for row in parsed for _, s, _, _, _ in row)
+    micro = 1 + max(m for row in parsed for _, _, code, m, _ in row if code != REDUCE_GRAD)
+    _check_stray_micro_batches(parsed)
     if stages % k:
         raise ScheduleError(f"{stages} stages cannot be spread over {k} ranks (each rank holds as many)")
-    rank_of: dict[int, int] = {}
-    for r, row in enumerate(parsed):
-        for _, s, _, _ in row:
-            rank_of.setdefault(s, r)
+    rank_of = _ranks_of_stages(parsed)
     seen: dict[Op, str] = {}
     sends = {
-        (a.replace("SEND", "RECV", 1)) for row in parsed for a, _, code, _ in row if code.startswith("SEND")
+        (a.replace("SEND", "RECV", 1))
+        for row in parsed
+        for a, _, code, _, _ in row
+        if code.startswith("SEND")
     }
     for r, row in enumerate(parsed):
-        for i, (action, s, code, m) in enumerate(row):
-            where = f"rank {r}, action {i} ({action})"
+        for i, (action, s, code, m, c) in enumerate(row):
+            where = f"rank {r}, column {c} ({action})"
             if rank_of[s] != r:
                 raise ScheduleError(f"{where}: stage {s} runs on rank {rank_of[s]}, not rank {r}")
             if code == REDUCE_GRAD:
-                later = [a for a, s2, c2, _ in row[i + 1 :] if s2 == s and c2 in ("B", "I", "W")]
+                later = [a for a, s2, c2, _, _ in row[i + 1 :] if s2 == s and c2 in ("B", "I", "W")]
                 if later:
                     raise ScheduleError(
                         f"{where}: stage {s}'s gradient reduction before its backward {later[0]}"
@@ -166,14 +174,32 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
                 raise ScheduleError(
                     f"micro-batch {m} on stage {s} needs one backward: {s}B{m}, or {s}I{m} then {s}W{m}"
                 )
-    orders = [[Op(s, m, _KIND_OF[c]) for _, s, c, m in row if c in _KIND_OF] for row in parsed]
+    orders = [[Op(s, m, _KIND_OF[c]) for _, s, c, m, _ in row if c in _KIND_OF] for row in parsed]
     cost = {kind: [1.0] * stages for kind in schedules.ALL_KINDS}
     timeline.timeline(orders, cost)  # raises on an order that waits forever
 
 
+def _check_stray_micro_batches(parsed: Sequence[Sequence[tuple]]) -> None:
+    """Raises ScheduleError at the first action of a micro-batch past the schedule's M, the most
+    distinct micro-batches any stage runs forwards of (so 0 to M - 1 in a consistent schedule)."""
+    forwards: dict[int, set[int]] = {}
+    for row in parsed:
+        for _, s, code, m, _ in row:
+            if code == "F":
+                forwards.setdefault(s, set()).add(m)
+    count = max((len(ms) for ms in forwards.values()), default=0)
+    for r, row in enumerate(parsed):
+        for action, _, code, m, c in row:
+            if code != REDUCE_GRAD and m >= count:
+                raise ScheduleError(
+                    f"rank {r}, column {c} ({action}): micro-batch {m} is past the schedule's {count} "
+                    f"(0 to {count - 1}: the most micro-batches a stage runs)"
+                )
+
+
 def read_csv(text: str) -> list[list[str]]:
-    """The rows of a schedule CSV (empty cells dropped)."""
-    return [[cell.strip() for cell in row if cell.strip()] for row in csv.reader(io.StringIO(text)) if row]
+    """The rows of a schedule CSV, each cell stripped (empty cells kept: they hold the columns)."""
+    return [[cell.strip() for cell in row] for row in csv.reader(io.StringIO(text)) if row]
 
 
 def write_csv(rows: Sequence[Sequence[str]]) -> str:
@@ -184,18 +210,31 @@ def write_csv(rows: Sequence[Sequence[str]]) -> str:
     return out.getvalue()
 
 
-def _normalized(rows: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Each ``OVERLAP_F_B`` cell as its actions in order; in PyTorch's older form, a ``B`` whose unit
-    has a ``W`` later on the same rank as its ``I``."""
+def _ranks_of_stages(parsed: Sequence[Sequence[tuple]]) -> dict[int, int]:
+    """Each stage's rank: the one whose row holds most of its actions (the lowest on a tie), so a
+    single action moved to another rank is the one reported."""
+    counts: dict[int, dict[int, int]] = {}
+    for r, row in enumerate(parsed):
+        for _, s, *_ in row:
+            counts.setdefault(s, {}).setdefault(r, 0)
+            counts[s][r] += 1
+    return {s: max(sorted(by_rank), key=lambda r: by_rank[r]) for s, by_rank in counts.items()}
+
+
+def _cells(rows: Sequence[Sequence[str]]) -> list[list[tuple[int, str]]]:
+    """Each rank's actions with their 1-based columns, empty cells left out: an ``OVERLAP_F_B`` cell
+    as its actions in order; in PyTorch's older form, a ``B`` whose unit has a ``W`` later on the
+    same rank as its ``I``."""
     out = []
     for cells in rows:
-        row = [a for cell in cells for a in _overlapped(cell)]
+        row = [(c, a) for c, cell in enumerate(cells, 1) if cell.strip() for a in _overlapped(cell.strip())]
+        actions = [a for _, a in row]
         new = []
-        for i, action in enumerate(row):
+        for i, (c, action) in enumerate(row):
             match = _ACTION.match(action)
-            if match and match[2] == "B" and f"{match[1]}W{match[3]}" in row[i + 1 :]:
+            if match and match[2] == "B" and f"{match[1]}W{match[3]}" in actions[i + 1 :]:
                 action = f"{match[1]}I{match[3]}"
-            new.append(action)
+            new.append((c, action))
         out.append(new)
     return out
 
@@ -205,7 +244,7 @@ def _overlapped(cell: str) -> list[str]:
     return [a.strip() for a in match[1].split(";")] if match else [cell]
 
 
-def _parse(action: str, rank: int | None = None, index: int | None = None) -> tuple[int, str, int]:
+def _parse(action: str, rank: int | None = None, column: int | None = None) -> tuple[int, str, int]:
     """(stage, code, micro-batch); ``REDUCE_GRAD`` has micro-batch -1."""
     match = _ACTION.match(action)
     if match:
@@ -213,7 +252,7 @@ def _parse(action: str, rank: int | None = None, index: int | None = None) -> tu
     reduce = _REDUCE.match(action)
     if reduce:
         return int(reduce[1]), REDUCE_GRAD, -1
-    where = f"rank {rank}, action {index}: " if rank is not None else ""
+    where = f"rank {rank}, column {column}: " if rank is not None else ""
     raise ScheduleError(
         f"{where}{action!r} is not an action TensorPipe runs: <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B>"
         "<micro-batch> (e.g. 2F0) or <stage>REDUCE_GRAD"

@@ -44,25 +44,32 @@ def test_every_schedule_round_trips(name, k, m, v):
 @pytest.mark.parametrize(
     "rows, match",
     [
-        ([["0B0", "0F0"]], r"rank 0, action 0 \(0B0\): a backward before its forward \(0F0\)"),
-        ([["0F0", "0W0", "0I0"]], r"action 1 \(0W0\): a weight gradient before its input gradient"),
+        ([["0B0", "0F0"]], r"rank 0, column 1 \(0B0\): a backward before its forward \(0F0\)"),
+        ([["0F0", "0W0", "0I0"]], r"column 2 \(0W0\): a weight gradient before its input gradient"),
         (
             [["0F0", "0B0"], ["1RECV_F0", "1F0", "1B0"]],
-            r"rank 1, action 0 \(1RECV_F0\): a receive with no send",
+            r"rank 1, column 1 \(1RECV_F0\): a receive with no send",
         ),
-        ([["0F0", "0B0", "0F2", "0B2"]], r"micro-batch 1 is missing on stage 0: no 0F1"),
+        (
+            [["0F0", "0B0", "0F1", "0B1"], ["1F0", "1B0"]],
+            r"micro-batch 1 is missing on stage 1: no 1F1 on rank 1",
+        ),
+        (
+            [["0F0", "0B0", "0F1", "0B1"], ["1F0", "1B0", "", "1F2", "1B2"]],
+            r"rank 1, column 4 \(1F2\): micro-batch 2 is past the schedule's 2 \(0 to 1",
+        ),
         (
             [["0F0", "1F0", "1B0"], ["1F1", "0F1"]],
-            r"rank 1, action 0 \(1F1\): stage 1 runs on rank 0, not rank 1",
+            r"rank 1, column 1 \(1F1\): stage 1 runs on rank 0, not rank 1",
         ),
         (
             [["0F0", "1F0", "2F0", "2B0", "1B0", "0B0"], ["3F0", "3B0"]],
             r"each rank must hold 2 of the 4 stages; the ranks hold rank 0: \[0, 1, 2\], rank 1: \[3\]",
         ),
-        ([["0F0", "0X0"]], r"rank 0, action 1: '0X0' is not an action TensorPipe runs"),
-        ([["0F0", "0REDUCE_GRAD", "0B0"]], r"action 1 \(0REDUCE_GRAD\): stage 0's gradient reduction"),
-        ([["0F0", "0B0", "0F0"]], r"action 2 \(0F0\): 0F0 runs twice"),
-        ([["0F0", "0B0"], ["1B0", "1F0"]], r"rank 1, action 0 \(1B0\): a backward before its forward"),
+        ([["0F0", "0X0"]], r"rank 0, column 2: '0X0' is not an action TensorPipe runs"),
+        ([["0F0", "0REDUCE_GRAD", "0B0"]], r"column 2 \(0REDUCE_GRAD\): stage 0's gradient reduction"),
+        ([["0F0", "0B0", "0F0"]], r"column 3 \(0F0\): 0F0 runs twice"),
+        ([["0F0", "0B0"], ["1B0", "1F0"]], r"rank 1, column 1 \(1B0\): a backward before its forward"),
         ([["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]], r"deadlock"),
     ],
 )
