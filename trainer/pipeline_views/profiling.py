@@ -4,8 +4,11 @@ Runs the experiment's compiled forward and backward pass (no update: nothing is 
 checkpoint is read or changed) once to compile, then once under TensorFlow's profiler. Every op the
 GPipe layer emits sits in a name scope ``stage_<k>_micro_batch_<m>`` (forward),
 ``..._grad/recompute`` (re-materialization) or ``..._grad`` (backward; the tape's own gradient ops
-of a stage sit under ``gradient_tape/stage_<k>_micro_batch_<m>``); each (stage, micro-batch,
-kind) becomes one box from its first op's start to its last op's end. Writes, under the logdir:
+of a stage sit under ``gradient_tape/stage_<k>_micro_batch_<m>``); a split backward's I and W
+share those names, so the executor records, while the step is traced, which ops each I and W unit
+created (``step.SPLIT_BACKWARD_OPS``). Each (stage, micro-batch, kind) becomes one box from its
+first op's start to its last op's end, and the simulation takes each stage's median F, R, B, I and
+W. The schedule is named as run (``file:<path>`` for a ``schedule_file``). Writes, under the logdir:
 
 - ``pipeline_step.png``: the measured step, one row per stage's device;
 - ``pipeline_step_simulated.png``: the simulator's step from the measured per-op costs (each stage's
@@ -36,6 +39,7 @@ from layers.parallel.pipeline import memory, simulator, timeline
 from layers.parallel.pipeline import schedule as schedules
 from layers.parallel.pipeline import segment as stage_segments
 from layers.parallel.pipeline.gpipe import GPipeLayer
+from layers.parallel.pipeline.step import SPLIT_BACKWARD_OPS
 from params.errors import ConfigError
 from params.hyperparams import Params
 from trainer import files, tf_settings
@@ -76,8 +80,12 @@ def op_events(run: Callable[[], Any]) -> list[tuple[str, float, float]]:
     return out
 
 
-def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[timeline.Event]:
+def pipeline_events(
+    ops: Iterable[tuple[str, float, float]], split_kinds: dict[str, str] | None = None
+) -> list[timeline.Event]:
     """One event per (stage, micro-batch, kind) found in the ops' name scopes, times from the first.
+    A backward op named in ``split_kinds`` (``step.SPLIT_BACKWARD_OPS``: the ops each I and W unit
+    created) counts as that unit's kind, so a split backward's I and W are boxes of their own.
 
     The weight-gradient sums over micro-batches belong to no one box. A box spans its ops, less
     stragglers: ops with no input from the pipeline (a random key, a
@@ -93,7 +101,7 @@ def pipeline_events(ops: Iterable[tuple[str, float, float]]) -> list[timeline.Ev
         match = matches[-1]  # the innermost: the tape nests a backward under its forward op's scope
         # A recompute's own gradient ops are named gradient_tape/stage_k_micro_batch_m_grad/recompute/.
         if "gradient_tape" in scope.split("/") or (match[3] and not match[4]):
-            kind = schedules.BACKWARD
+            kind = (split_kinds or {}).get(scope, schedules.BACKWARD)
         else:
             kind = schedules.RECOMPUTE if match[4] else schedules.FORWARD
         groups.setdefault((int(match[1]), int(match[2]), kind), []).append((start, end))
@@ -137,11 +145,18 @@ def measured_costs(evs: list[timeline.Event], num_stages: int) -> simulator.Stag
         durations = [e.end - e.start for e in evs if e.stage == k and e.kind == kind]
         return statistics.median(durations) if durations else 0.0
 
-    # The input and weight halves of a split backward share their ops' names (the tape names them
-    # after the forward ops): their sum is measured as the backward, each half taken as half of it.
-    per_kind = {kind: [median(kind, k) for k in range(num_stages)] for kind in schedules.KINDS}
+    # A stage whose backward was split has I and W boxes (``pipeline_events``' split_kinds): its B
+    # is their sum where it ran no full backward; one without I or W takes half its B for each.
+    per_kind = {kind: [median(kind, k) for k in range(num_stages)] for kind in schedules.ALL_KINDS}
+    inputs, weights = per_kind[schedules.BACKWARD_INPUT], per_kind[schedules.BACKWARD_WEIGHT]
+    backward = [b or i + w for b, i, w in zip(per_kind[schedules.BACKWARD], inputs, weights)]
+    split = [i > 0 or w > 0 for i, w in zip(inputs, weights)]
     return simulator.StageCosts.given(
-        per_kind[schedules.FORWARD], per_kind[schedules.BACKWARD], per_kind[schedules.RECOMPUTE]
+        per_kind[schedules.FORWARD],
+        backward,
+        per_kind[schedules.RECOMPUTE],
+        backward_input=[i if s else b / 2 for i, s, b in zip(inputs, split, backward)],
+        backward_weight=[w if s else b / 2 for w, s, b in zip(weights, split, backward)],
     )
 
 
@@ -157,18 +172,22 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
         )
     pipeline = pipelines[0]
     compiled = step.gradients_function()
-    compiled()  # compile and warm up outside the profile
-    evs = pipeline_events(op_events(lambda: tf.nest.map_structure(lambda t: t.numpy(), compiled())))
+    SPLIT_BACKWARD_OPS.recording = True  # while tracing: which ops each I and W unit creates
+    try:
+        compiled()  # compile and warm up outside the profile
+    finally:
+        SPLIT_BACKWARD_OPS.recording = False
+    ops = op_events(lambda: tf.nest.map_structure(lambda t: t.numpy(), compiled()))
+    evs = pipeline_events(ops, SPLIT_BACKWARD_OPS.kind_of)
     if not evs:
         raise ConfigError(f"the profile of {root.model}'s step holds no pipeline ops")
     k_count, s_count = pipeline.num_devices, pipeline.num_stages
-    evs = [dataclasses.replace(e, device=e.stage % k_count) for e in evs]
     m_count = 1 + max(e.micro_batch for e in evs)
+    sched = pipeline.schedule_for(m_count)
+    evs = [dataclasses.replace(e, device=sched.device_of(e.stage)) for e in evs]
     labels = [f"device {k}: {d or 'default device'}" for k, d in enumerate(pipeline.devices)]
-    remat, schedule = pipeline.params.remat, pipeline.params.schedule
-    prediction = simulator.simulate(
-        pipeline.schedule_for(m_count), m_count, remat, measured_costs(evs, s_count)
-    )
+    remat, schedule = pipeline.params.remat, sched.name
+    prediction = simulator.simulate(sched, m_count, remat, measured_costs(evs, s_count))
     measured = {
         "step_time_s": timeline.step_time(evs),
         "bubble": timeline.bubble(evs),

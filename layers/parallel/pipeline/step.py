@@ -22,6 +22,20 @@ from layers.parallel.pipeline.stage_mesh import StageMeshes
 from params.errors import ConfigError
 
 
+class SplitBackwardOps:
+    """While recording (``--mode=profile_pipeline`` turns it on before tracing), the kind of each
+    op a split backward's I or W unit creates, by op name. The tape names a gradient op after its
+    forward op (``gradient_tape/stage_<s>_micro_batch_<m>/...``) whatever the scope it is built in,
+    so I and W cannot be told apart by their names alone."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.kind_of: dict[str, str] = {}
+
+
+SPLIT_BACKWARD_OPS = SplitBackwardOps()
+
+
 class Pipeline(Protocol):
     """What a ``Step`` reads of its pipeline (``executor.PipelineExecutor`` is one)."""
 
@@ -141,8 +155,16 @@ class Step:
         elif op.kind != schedules.FORWARD:
             scope += "_grad"
         after = [self.ends[d]] if self.ends[d] is not None else []
+        record = SPLIT_BACKWARD_OPS.recording and op.kind in (
+            schedules.BACKWARD_INPUT,
+            schedules.BACKWARD_WEIGHT,
+        )
+        graph = tf.compat.v1.get_default_graph() if record and not tf.executing_eagerly() else None
+        before = len(graph.get_operations()) if graph is not None else 0
         with on(self.ex.devices[d]), tf.name_scope(scope), tf.control_dependencies(after):
             produced = self._build_unit(op)
+        if graph is not None:
+            SPLIT_BACKWARD_OPS.kind_of.update((o.name, op.kind) for o in graph.get_operations()[before:])
         done = [t for t in produced if t is not None]
         if done and not tf.executing_eagerly():
             with on(self.ex.devices[d]):

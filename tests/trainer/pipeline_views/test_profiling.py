@@ -41,6 +41,29 @@ def test_pipeline_events_group_ops_by_scope_and_kind():
     assert profiling.pipeline_events([("loss:Sum", 0.0, 1.0)]) == []
 
 
+def test_split_kinds_make_i_and_w_boxes_of_their_own():
+    """I and W share the tape's op names; the ops each unit created (recorded while tracing) tell
+    them apart, so a W deferred long after its I does not stretch one backward box over both."""
+    ops = [
+        ("stage_0_micro_batch_0/dense/MatMul:MatMul", 0.0, 1.0),
+        ("gradient_tape/stage_0_micro_batch_0/dense/MatMul/MatMul:MatMul", 1.0, 2.0),
+        ("gradient_tape/stage_0_micro_batch_0/dense/MatMul/MatMul_1:MatMul", 5.0, 6.5),
+    ]
+    kinds = {
+        "gradient_tape/stage_0_micro_batch_0/dense/MatMul/MatMul": ps.BACKWARD_INPUT,
+        "gradient_tape/stage_0_micro_batch_0/dense/MatMul/MatMul_1": ps.BACKWARD_WEIGHT,
+    }
+    evs = profiling.pipeline_events(ops, kinds)
+    assert [(e.kind, e.start, e.end) for e in evs] == [
+        (ps.FORWARD, 0.0, 1.0),
+        (ps.BACKWARD_INPUT, 1.0, 2.0),
+        (ps.BACKWARD_WEIGHT, 5.0, 6.5),
+    ]
+    costs = profiling.measured_costs(evs, 1)
+    assert (costs.backward, costs.backward_input, costs.backward_weight) == ((2.5,), (1.0,), (1.5,))
+    assert [e.kind for e in profiling.pipeline_events(ops)] == [ps.FORWARD, ps.BACKWARD]
+
+
 def test_measured_costs_are_per_stage_medians():
     evs = [
         tl.Event(0.0, 1.0, 0, 0, ps.FORWARD),
