@@ -149,3 +149,18 @@ def test_profile_pipeline_on_a_model_without_a_pipeline_is_one_line(tmp_path):
         "trainer: error: image.digits.ConvNet has no GPipe layer: --mode=profile_pipeline pictures a "
         "pipelined step (e.g. image.digits.GPipeConvNet)"
     )
+
+
+@pytest.mark.slow
+def test_profile_pipeline_of_zbv_boxes_i_and_w_apart_on_the_v(tmp_path):
+    """ZB-V: four stages in a V on two devices (stage 3 beside stage 0), each I and W a box of its
+    own, and the schedule named in the record as run."""
+    logdir = tmp_path / "run"
+    override = "task.body.sub[0].schedule : 'zbv'\ntask.body.sub[0].virtual_stages : 2"
+    out = _trainer(logdir, "image.digits.GPipeConvNet", override)
+    assert out.returncode == 0, out.stderr
+    record = json.loads((logdir / "pipeline_step.json").read_text())
+    assert record["schedule"] == record["simulated"]["schedule"] == "zbv"
+    kinds = {e["kind"] for e in record["events"]}
+    assert {ps.BACKWARD_INPUT, ps.BACKWARD_WEIGHT} <= kinds and ps.BACKWARD not in kinds
+    assert {e["device"] for e in record["events"] if e["stage"] == 3} == {0}
