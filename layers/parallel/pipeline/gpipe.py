@@ -379,7 +379,7 @@ def _partition_report(layer: GPipeLayer, method: str, costs: dict[str, list[floa
     )
     title = (
         f"GPipe {layer.path}: {len(layer.sequence)} layers in {layer.num_stages} stages ({how}), {micro}, "
-        f"remat={p.remat}, schedule={p.schedule}{virtual}"
+        f"remat={p.remat}, schedule={f'file:{p.schedule_file}' if p.schedule_file else p.schedule}{virtual}"
     )
     num_params = [x.num_parameters() for x in layer.sequence]
     names = [x.params.name for x in layer.sequence]

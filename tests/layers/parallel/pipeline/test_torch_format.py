@@ -193,6 +193,8 @@ def test_a_v_placement_is_read_from_the_rows_and_runs_each_stage_on_its_rank(tmp
         num_stages=2, virtual_stages=2, num_micro_batches=2, schedule_file=str(path), devices=devices
     )
     assert pipe.schedule_for(2).placement == (0, 1, 1, 0)
+    assert f"schedule=file:{path}, virtual_stages=2" in pipe.partition_report()  # the schedule run
+    assert pipe.schedule_for(2).name == f"file:{path}"
     assert [d[-5:] for d in pipe.stage_devices] == ["CPU:0", "CPU:1", "CPU:1", "CPU:0"]
     # Each stage's weights live on its rank's device: the first and last stage share CPU:0.
     where = {v.name.split(".")[1]: v.device[-5:] for v in pipe.trainable_variables}
