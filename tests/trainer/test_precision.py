@@ -166,3 +166,79 @@ def test_mixed_bfloat16_lm_dev_loss_within_two_percent_of_float32s() -> None:
         dev = experiment.resolve(model).input.dev.instantiate()
         losses[policy] = evaluate(step.task, dev.dataset())["loss"]
     assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.02), losses
+
+
+# ------------------------------------------------------------------------------ every placement kind
+LM_KNOBS = (
+    "model_dim = 16",
+    "hidden_dim = 32",
+    "num_heads = 2",
+    "batch_size = 8",
+    "seq_length = 8",
+    "num_layers = 2",
+    "num_train_sequences = 64",
+    "warmup_steps = 2",
+    "max_steps = 40",
+)
+PLACED_STEPS = 12
+
+
+def _lm(model: str, policy: str, *knobs: str):
+    name = model.rsplit(".", 1)[1]
+    bindings = [f"{name}.{k}" for k in (*LM_KNOBS, *knobs)]
+    return experiment.resolve(model, gin_bindings=bindings, params_override=f"task.precision : '{policy}'")
+
+
+def _placed_step(kind: str, policy: str) -> TrainStep:
+    """A tiny experiment's TrainStep in placement ``kind`` under ``policy``."""
+    from trainer.distributed import mesh_placement
+
+    if kind == "stage_processes":  # RemoteStages' step, its stages on this process's devices
+        from trainer.distributed import remote_stages
+
+        class StagesHere(remote_stages.RemoteStages):
+            def build_task(self, task_params):
+                return task_params.instantiate()
+
+        root = experiment.resolve(
+            "tests.trainer.remote_experiment.PipelinedRegression",
+            gin_bindings=["PipelinedRegression.num_stages = 2"],
+            params_override=f"task.precision : '{policy}'",
+        )
+        cluster = remote_stages.stage_cluster(
+            root.cluster.copy().set(stage_job="worker"), "worker=127.0.0.1:1"
+        )
+        return TrainStep(experiment.task_params_for(root, "train"), root.input.train, StagesHere(cluster))
+    model, knobs = {
+        "mesh": ("lm.synthetic.MeshTransformerLM", ()),
+        "pipeline_x_mesh": ("lm.synthetic.StageMeshTransformerLM", ("num_stages = 2",)),
+        "local": ("lm.synthetic.LocalTransformerLM", ("num_blocks = 2",)),
+    }[kind]
+    root = _lm(model, policy, *knobs)
+    return mesh_placement.make_train_step(
+        root.cluster, experiment.task_params_for(root, "train"), root.input.train
+    )
+
+
+def _loss_after(step: TrainStep) -> float:
+    finite, outputs = step.run(PLACED_STEPS)
+    assert bool(finite)
+    loss = outputs["task"]["loss"]
+    return float(tf.convert_to_tensor(loss).numpy())
+
+
+@pytest.mark.parametrize("kind", ["mesh", "pipeline_x_mesh", "stage_processes", "local"])
+def test_every_placement_trains_under_mixed_bfloat16_like_float32(kind) -> None:
+    """A DTensor mesh, pipeline x mesh, stage processes (RemoteStages' step, its stages on this
+    process's logical devices) and local parallelism: the loss after a few steps within 3% of
+    float32's, bfloat16 layers over float32 weights."""
+    losses = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        step = _placed_step(kind, policy)
+        if policy == "mixed_bfloat16":
+            dtypes = {layer.params.dtype for layer in step.task.submodules if hasattr(layer, "params")}
+            assert tf.bfloat16 in dtypes and {v.dtype for v in step.task.trainable_variables} == {tf.float32}
+        losses[policy] = _loss_after(step)
+    print(f"{kind}: loss after {PLACED_STEPS} steps {losses}")
+    assert np.isfinite(losses["mixed_bfloat16"])
+    assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.03), losses
