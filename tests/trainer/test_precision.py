@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from layers import precision
+from layers import core, precision
 from layers.base_layer import FPropContext
 from params import experiment
 from params.errors import ConfigError
+from tasks.base_task import BaseTask
 from tests.tasks.loop import evaluate
 from tests.trainer import runner
+from tests.trainer.remote_experiment import WIDTH, RandomRegressionInput
 from trainer.train_step import TrainStep
 
 STEPS = 150
@@ -242,3 +244,47 @@ def test_every_placement_trains_under_mixed_bfloat16_like_float32(kind) -> None:
     print(f"{kind}: loss after {PLACED_STEPS} steps {losses}")
     assert np.isfinite(losses["mixed_bfloat16"])
     assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.03), losses
+
+
+# ---------------------------------------------------------------------------- float16's underflow
+class _TinyLossRegression(BaseTask):
+    """One projection of width 8 regressing a fixed function, its loss weighted by 1e-7: every
+    gradient of the loss is below float16's smallest subnormal number (6e-8)."""
+
+    def __init__(self, params, parent=None) -> None:
+        super().__init__(params, parent)
+        layer = core.ProjectionLayer.Params().set(input_dim=WIDTH, output_dim=WIDTH, activation="none")
+        self.create_child("fc", layer)
+
+    def compute_predictions(self, ctx: FPropContext, batch):
+        return self.fc(ctx, batch["x"])
+
+    def compute_loss(self, ctx: FPropContext, predictions, batch):
+        error = tf.square(tf.cast(predictions, tf.float32) - batch["y"])
+        return {"loss": (1e-7 * tf.reduce_mean(error), tf.constant(1.0))}
+
+
+def _tiny_loss_step(policy: str) -> TrainStep:
+    task = _TinyLossRegression.Params().set(name="task", precision=policy)
+    task.train.set(optimizer="adam", lr_schedule="constant", learning_rate=0.01)
+    return TrainStep(task, RandomRegressionInput.Params().set(name="train", batch_size=32))
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["scale_1", "dynamic_scale"])
+def test_float16_gradients_underflow_without_loss_scaling_and_scaling_recovers_them(scaled) -> None:
+    """mixed_float16 with the loss scale held at 1 (no scaling): the gradients round to zero in
+    float16 and Adam's update is zero, weights unchanged; the dynamic scale (2^15) lifts them into
+    float16's range and the same step moves every weight, as float32's does."""
+    step = _tiny_loss_step("mixed_float16")
+    if not scaled:
+        step.loss_scale.scale.assign(1.0)
+    before = [v.numpy() for v in step.task.trainable_variables]
+    finite, outputs = step.run(3)
+    assert bool(finite) and float(outputs["learner"]["skipped_steps"]) == 0.0
+    moved = [not np.array_equal(a, v.numpy()) for a, v in zip(before, step.task.trainable_variables)]
+    assert len(moved) == 2 and moved == [scaled, scaled], moved  # w and b
+    if scaled:
+        reference = _tiny_loss_step("float32")
+        reference.run(3)
+        for a, b in zip(reference.task.trainable_variables, step.task.trainable_variables):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-3)

@@ -107,8 +107,9 @@ def _instantiate(params: Any, spec: dict) -> Any:
 
 
 def _squared(tf: Any, y: Any, t: Any) -> Any:
-    """``(y - t)**2`` in the targets' dtype (a mixed precision model's output is cast up)."""
-    return tf.square(tf.cast(y, t.dtype) - t)
+    """``(y - t)**2`` in the targets' dtype, for the sums of the loss; a mixed precision model's
+    difference in its own dtype (an activation the backward keeps, as the model's others)."""
+    return tf.cast(tf.square(y - tf.cast(t, y.dtype)), t.dtype)
 
 
 def _dense_step(spec: dict) -> tuple[Any, Any]:

@@ -146,7 +146,7 @@ def _activation_peaks(args: argparse.Namespace, cpus: list[int]) -> None:
 def _remote_figures(args: argparse.Namespace, cpus: list[int]) -> None:
     flags = ["--figures=speed", f"--precision={','.join(POLICIES)}", f"--steps={args.rounds}"]
     run = remote._parse([*flags, "--quick"] if args.quick else flags)
-    results = remote._speed(run, cpus)
+    results = remote._speed(run, cpus, hosted=args.quick)
     f32, bf16 = (results[("fill_drain", "own", p)] for p in POLICIES)
     sizes = dict(width=run.width, depth=run.depth, batch=run.batch, micro_batches=run.micro_batches)
     harness.emit(

@@ -334,13 +334,18 @@ def _theory(schedule: str, k: int, m: int) -> float:
     return k * m * 3 / timeline.step_time(timeline.events(schedule, k, m))
 
 
-def _speed(args: argparse.Namespace, cpus: list[int]) -> dict[tuple[str, str, str], dict]:
+def _speed(
+    args: argparse.Namespace, cpus: list[int], hosted: bool = False
+) -> dict[tuple[str, str, str], dict]:
     """The speed figures' sides for every schedule, stage_cpus and precision, in alternating rounds;
     prints their lines and returns each remote side's ``{"speedup", "plain_step_s", "remote_step_s",
-    "bytes_per_step"}`` by ``(schedule, stage_cpus, precision)``."""
+    "bytes_per_step"}`` by ``(schedule, stage_cpus, precision)``. ``hosted``: the client process
+    serves stage 0 (``Pipeline``'s ``client_hosts_stage``)."""
     dense = dict(width=args.width, depth=args.depth, batch=args.batch, activation="relu", warmup=args.warmup)
     dense.update(measure="time", system_allocator=args.allocator == "system")
     pipeline = dict(dense, stages=2, micro_batches=args.micro_batches, remat="never")
+    if hosted:  # the client serves stage 0 itself: one TensorFlow start less (a smoke test)
+        pipeline.update(client_hosts_stage=True)
     remotes: dict[tuple[str, str, str], Pipeline] = {}
     workers: dict[Any, harness.Worker] = {}
     try:
