@@ -288,3 +288,15 @@ def test_float16_gradients_underflow_without_loss_scaling_and_scaling_recovers_t
         reference.run(3)
         for a, b in zip(reference.task.trainable_variables, step.task.trainable_variables):
             np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "kind, placement", [("mesh", "MeshPlacement"), ("stage_processes", "StagesHere")], ids=["mesh", "stages"]
+)
+def test_mixed_float16_beyond_one_process_is_one_config_error(kind, placement) -> None:
+    with pytest.raises(ConfigError) as info:
+        _placed_step(kind, "mixed_float16")
+    assert str(info.value) == (
+        f"task.precision 'mixed_float16' (loss scaling) runs in one process only, not under the "
+        f"{placement} placement; use mixed_bfloat16"
+    )
