@@ -21,7 +21,8 @@
 
 The step ratios' sides are built in this process, pinned to one core with one intra-op thread, and
 timed in alternating rounds (a side's best round counts: load only adds time); the other figures'
-sides run in worker processes first. ``--quick``: smoke-test sizes.
+sides run in worker processes first. ``--quick``: smoke-test sizes, and the remote figures' client
+serves stage 0 itself (one TensorFlow start less per precision).
 """
 
 from __future__ import annotations
