@@ -182,7 +182,7 @@ LM_KNOBS = (
     "warmup_steps = 2",
     "max_steps = 40",
 )
-PLACED_STEPS = 12
+PLACED_STEPS = 8
 
 
 def _lm(model: str, policy: str, *knobs: str):
@@ -212,7 +212,7 @@ def _placed_step(kind: str, policy: str) -> TrainStep:
         )
         return TrainStep(experiment.task_params_for(root, "train"), root.input.train, StagesHere(cluster))
     model, knobs = {
-        "mesh": ("lm.synthetic.MeshTransformerLM", ()),
+        "mesh": ("lm.synthetic.MeshTransformerLM", ("num_layers = 1",)),
         "pipeline_x_mesh": ("lm.synthetic.StageMeshTransformerLM", ("num_stages = 2",)),
         "local": ("lm.synthetic.LocalTransformerLM", ("num_blocks = 2",)),
     }[kind]
@@ -222,28 +222,32 @@ def _placed_step(kind: str, policy: str) -> TrainStep:
     )
 
 
-def _loss_after(step: TrainStep) -> float:
-    finite, outputs = step.run(PLACED_STEPS)
-    assert bool(finite)
-    loss = outputs["task"]["loss"]
-    return float(tf.convert_to_tensor(loss).numpy())
+def _losses(step: TrainStep) -> tuple[float, float]:
+    """The loss of the second step (the first whose every part has an input: local parallelism's
+    blocks of two take their hand-off a step later) and of the last of PLACED_STEPS."""
+    first = step.run(2)
+    last = step.run(PLACED_STEPS - 2)
+    assert bool(first[0]) and bool(last[0])
+    return tuple(float(tf.convert_to_tensor(out["task"]["loss"]).numpy()) for _, out in (first, last))
 
 
 @pytest.mark.parametrize("kind", ["mesh", "pipeline_x_mesh", "stage_processes", "local"])
 def test_every_placement_trains_under_mixed_bfloat16_like_float32(kind) -> None:
     """A DTensor mesh, pipeline x mesh, stage processes (RemoteStages' step, its stages on this
-    process's logical devices) and local parallelism: the loss after a few steps within 3% of
-    float32's, bfloat16 layers over float32 weights."""
+    process's logical devices) and local parallelism: bfloat16 layers over float32 weights, the loss
+    after a few steps within a fifth of float32's fall over those steps from float32's."""
     losses = {}
     for policy in ("float32", "mixed_bfloat16"):
         step = _placed_step(kind, policy)
         if policy == "mixed_bfloat16":
             dtypes = {layer.params.dtype for layer in step.task.submodules if hasattr(layer, "params")}
             assert tf.bfloat16 in dtypes and {v.dtype for v in step.task.trainable_variables} == {tf.float32}
-        losses[policy] = _loss_after(step)
-    print(f"{kind}: loss after {PLACED_STEPS} steps {losses}")
-    assert np.isfinite(losses["mixed_bfloat16"])
-    assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.03), losses
+        losses[policy] = _losses(step)
+    print(f"{kind}: first and last loss of {PLACED_STEPS} steps {losses}")
+    (first, last), (_, mixed) = losses["float32"], losses["mixed_bfloat16"]
+    assert np.isfinite(mixed) and last < first
+    # Trained as far as float32 (not left where it started): within a fifth of float32's progress.
+    assert abs(mixed - last) <= 0.2 * (first - last), losses
 
 
 # ---------------------------------------------------------------------------- float16's underflow
