@@ -32,6 +32,10 @@ What differs from Lingvo: ``theta`` holds the variables themselves (TensorFlow 2
 are used), not tensors a caller may replace; a child whose ``Params`` is a TensorPipe layer's is computed
 with its own weights whatever theta is passed. Params methods are this project's snake_case ones
 (``p.define``), or Lingvo's through ``params.lingvo_compat``.
+
+Under a task's mixed precision policy (``task.precision``, docs/precision.md) a LingvoLayer is cast as
+every layer is: its weights are float32 variables (``vars``), ``theta`` gives them in the layer's
+compute dtype, and the float tensors passed to ``FProp`` are cast to it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ import functools
 import threading
 from typing import Any
 
+import tensorflow as tf
+
+from layers import precision
 from layers.base_layer import BaseLayer, FPropContext, weight_init_params, weight_params
 from layers.nested_map import NestedMap
 from params.hyperparams import Params
@@ -121,6 +128,10 @@ class LingvoLayer(BaseLayer):
 
     def __init__(self, params: Params, parent: BaseLayer | None = None) -> None:
         super().__init__(params, parent)
+        # Under a task's mixed precision policy: the compute dtype its float32 weights are read in
+        # (theta) and its float inputs cast to; None: each weight and input as it is.
+        self._mixed_dtype = self.params.dtype if isinstance(self.vars, precision.CastWeights) else None
+        self._cast_names: tuple[str, ...] = ()
         self.vars = NestedMap()
         if self.__dict__.get("_lingvo_init_depth", 0) == 0:  # no subclass __init__ wraps this one
             self._CreateLayerVariables()
@@ -136,6 +147,17 @@ class LingvoLayer(BaseLayer):
             p.trainable = False
         return self.create_variable(name, p)
 
+    def create_variable(self, name: str, wp: Params) -> Any:
+        """``BaseLayer.create_variable``; under a mixed precision policy a weight of the layer's dtype
+        is made float32 and read through ``theta`` in the layer's dtype."""
+        if self._mixed_dtype is None or (wp.dtype or self.params.dtype) != self.params.dtype:
+            return super().create_variable(name, wp)
+        wp = wp.copy()
+        wp.dtype = self._master_dtype
+        var = super().create_variable(name, wp)
+        self._cast_names = (*self._cast_names, name)
+        return var
+
     def CreateChild(self, name: str, params: Params) -> BaseLayer:  # noqa: N802
         return self.create_child(name, params)
 
@@ -147,9 +169,24 @@ class LingvoLayer(BaseLayer):
     def theta(self) -> NestedMap:
         """The layer's variables by name and each child's theta under the child's name."""
         theta = NestedMap(self.vars)
+        for name in self._cast_names:
+            theta[name] = tf.cast(self.vars[name], self._mixed_dtype)
         for name, child in self.children().items():
             theta[name] = [_theta_of(c) for c in child] if isinstance(child, list) else _theta_of(child)
         return theta
+
+    def _inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``args`` and ``kwargs`` with every float tensor in the mixed precision dtype (unchanged
+        without a policy)."""
+        if self._mixed_dtype is None:
+            return args, kwargs
+
+        def cast(x: Any) -> Any:
+            if isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype.is_floating:
+                return tf.cast(x, self._mixed_dtype)
+            return x
+
+        return tf.nest.map_structure(cast, args), tf.nest.map_structure(cast, kwargs)
 
     @property
     def fprop_context(self) -> FPropContext:
@@ -167,6 +204,7 @@ class LingvoLayer(BaseLayer):
 
     def FPropDefaultTheta(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
         """``FProp(self.theta, ...)``."""
+        args, kwargs = self._inputs(args, kwargs)
         return self.FProp(self.theta, *args, **kwargs)
 
     def fprop(self, ctx: FPropContext, *args: Any, **kwargs: Any) -> Any:
@@ -174,6 +212,7 @@ class LingvoLayer(BaseLayer):
         stack = _context_stack()
         stack.append(ctx)
         try:
+            args, kwargs = self._inputs(args, kwargs)
             return self.FProp(self.theta, *args, **kwargs)
         finally:
             stack.pop()

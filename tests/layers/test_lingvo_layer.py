@@ -11,6 +11,7 @@ from layers import lingvo_layer as py_utils
 from layers.base_layer import FPropContext
 from layers.core import ProjectionLayer
 from layers.lingvo_layer import LingvoLayer
+from tasks.base_task import BaseTask
 
 
 class Proj(LingvoLayer):
@@ -84,3 +85,32 @@ def test_lingvo_names_on_a_tensorpipe_layer_point_the_way(name, equivalent):
         getattr(layer, name)
     message = str(error.value)
     assert "\n" not in message and f"Lingvo's {name} is {equivalent}" in message and "LingvoLayer" in message
+
+
+class _EncoderTask(BaseTask):
+    """The Encoder as a task's child, so that task.precision reaches it."""
+
+    def __init__(self, params, parent=None):
+        super().__init__(params, parent)
+        self.create_child("enc", Encoder.Params().set(name="enc"))
+
+
+def test_lingvo_style_layer_under_mixed_bfloat16_casts_theta_and_inputs(tmp_path):
+    """Float32 weights (the float32 task's checkpoint restores into them), computed in bfloat16, every
+    weight's gradient float32; the output within bfloat16 rounding of float32's."""
+    f32 = _EncoderTask.Params().set(name="task").instantiate()
+    mixed = _EncoderTask.Params().set(name="task", precision="mixed_bfloat16").instantiate()
+    assert {v.dtype for v in mixed.variables} == {tf.float32}
+    assert {t.dtype for t in tf.nest.flatten(mixed.enc.theta)} == {tf.bfloat16}
+    path = tf.train.Checkpoint(task=f32).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(task=mixed).read(path).assert_existing_objects_matched()
+    x = tf.random.stateless_normal([5, 4], [1, 2])
+    with tf.GradientTape() as tape:
+        y = mixed.enc(FPropContext(training=True), x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, mixed.trainable_variables)
+    assert y.dtype == tf.bfloat16 and len(grads) == 4
+    assert all(g is not None and g.dtype == tf.float32 for g in grads)
+    expected = f32.enc(FPropContext(training=True), x)
+    np.testing.assert_allclose(y.numpy().astype(np.float32), expected.numpy(), rtol=0.05, atol=0.05)
+    assert mixed.enc.FPropDefaultTheta(x).dtype == tf.bfloat16

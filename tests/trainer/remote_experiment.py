@@ -51,7 +51,7 @@ class PipelinedRegressionTask(BaseTask):
 
     def compute_predictions(self, ctx: FPropContext, batch):
         def head(ctx: FPropContext, y: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
-            return tf.reduce_sum(tf.square(y - target), axis=-1)
+            return tf.reduce_sum(tf.square(tf.cast(y, target.dtype) - target), axis=-1)
 
         return self.pipeline.fprop(ctx, batch["x"], head=head, head_inputs=batch["y"])
 

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from layers import precision
+from layers import core, precision
 from layers.base_layer import FPropContext
 from params import experiment
 from params.errors import ConfigError
+from tasks.base_task import BaseTask
 from tests.tasks.loop import evaluate
 from tests.trainer import runner
+from tests.trainer.remote_experiment import WIDTH, RandomRegressionInput
 from trainer.train_step import TrainStep
 
 STEPS = 150
@@ -166,3 +168,139 @@ def test_mixed_bfloat16_lm_dev_loss_within_two_percent_of_float32s() -> None:
         dev = experiment.resolve(model).input.dev.instantiate()
         losses[policy] = evaluate(step.task, dev.dataset())["loss"]
     assert losses["mixed_bfloat16"] == pytest.approx(losses["float32"], rel=0.02), losses
+
+
+# ------------------------------------------------------------------------------ every placement kind
+LM_KNOBS = (
+    "model_dim = 16",
+    "hidden_dim = 32",
+    "num_heads = 2",
+    "batch_size = 8",
+    "seq_length = 8",
+    "num_layers = 2",
+    "num_train_sequences = 64",
+    "warmup_steps = 2",
+    "max_steps = 40",
+)
+PLACED_STEPS = 8
+
+
+def _lm(model: str, policy: str, *knobs: str):
+    name = model.rsplit(".", 1)[1]
+    bindings = [f"{name}.{k}" for k in (*LM_KNOBS, *knobs)]
+    return experiment.resolve(model, gin_bindings=bindings, params_override=f"task.precision : '{policy}'")
+
+
+def _placed_step(kind: str, policy: str) -> TrainStep:
+    """A tiny experiment's TrainStep in placement ``kind`` under ``policy``."""
+    from trainer.distributed import mesh_placement
+
+    if kind == "stage_processes":  # RemoteStages' step, its stages on this process's devices
+        from trainer.distributed import remote_stages
+
+        class StagesHere(remote_stages.RemoteStages):
+            def build_task(self, task_params):
+                return task_params.instantiate()
+
+        root = experiment.resolve(
+            "tests.trainer.remote_experiment.PipelinedRegression",
+            gin_bindings=["PipelinedRegression.num_stages = 2"],
+            params_override=f"task.precision : '{policy}'",
+        )
+        cluster = remote_stages.stage_cluster(
+            root.cluster.copy().set(stage_job="worker"), "worker=127.0.0.1:1"
+        )
+        return TrainStep(experiment.task_params_for(root, "train"), root.input.train, StagesHere(cluster))
+    model, knobs = {
+        "mesh": ("lm.synthetic.MeshTransformerLM", ("num_layers = 1",)),
+        "pipeline_x_mesh": ("lm.synthetic.StageMeshTransformerLM", ("num_stages = 2",)),
+        "local": ("lm.synthetic.LocalTransformerLM", ("num_blocks = 2",)),
+    }[kind]
+    root = _lm(model, policy, *knobs)
+    return mesh_placement.make_train_step(
+        root.cluster, experiment.task_params_for(root, "train"), root.input.train
+    )
+
+
+def _losses(step: TrainStep) -> tuple[float, float]:
+    """The loss of the second step (the first whose every part has an input: local parallelism's
+    blocks of two take their hand-off a step later) and of the last of PLACED_STEPS."""
+    first = step.run(2)
+    last = step.run(PLACED_STEPS - 2)
+    assert bool(first[0]) and bool(last[0])
+    return tuple(float(tf.convert_to_tensor(out["task"]["loss"]).numpy()) for _, out in (first, last))
+
+
+@pytest.mark.parametrize("kind", ["mesh", "pipeline_x_mesh", "stage_processes", "local"])
+def test_every_placement_trains_under_mixed_bfloat16_like_float32(kind) -> None:
+    """A DTensor mesh, pipeline x mesh, stage processes (RemoteStages' step, its stages on this
+    process's logical devices) and local parallelism: bfloat16 layers over float32 weights, the loss
+    after a few steps within a fifth of float32's fall over those steps from float32's."""
+    losses = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        step = _placed_step(kind, policy)
+        if policy == "mixed_bfloat16":
+            dtypes = {layer.params.dtype for layer in step.task.submodules if hasattr(layer, "params")}
+            assert tf.bfloat16 in dtypes and {v.dtype for v in step.task.trainable_variables} == {tf.float32}
+        losses[policy] = _losses(step)
+    print(f"{kind}: first and last loss of {PLACED_STEPS} steps {losses}")
+    (first, last), (_, mixed) = losses["float32"], losses["mixed_bfloat16"]
+    assert np.isfinite(mixed) and last < first
+    # Trained as far as float32 (not left where it started): within a fifth of float32's progress.
+    assert abs(mixed - last) <= 0.2 * (first - last), losses
+
+
+# ---------------------------------------------------------------------------- float16's underflow
+class _TinyLossRegression(BaseTask):
+    """One projection of width 8 regressing a fixed function, its loss weighted by 1e-7: every
+    gradient of the loss is below float16's smallest subnormal number (6e-8)."""
+
+    def __init__(self, params, parent=None) -> None:
+        super().__init__(params, parent)
+        layer = core.ProjectionLayer.Params().set(input_dim=WIDTH, output_dim=WIDTH, activation="none")
+        self.create_child("fc", layer)
+
+    def compute_predictions(self, ctx: FPropContext, batch):
+        return self.fc(ctx, batch["x"])
+
+    def compute_loss(self, ctx: FPropContext, predictions, batch):
+        error = tf.square(tf.cast(predictions, tf.float32) - batch["y"])
+        return {"loss": (1e-7 * tf.reduce_mean(error), tf.constant(1.0))}
+
+
+def _tiny_loss_step(policy: str) -> TrainStep:
+    task = _TinyLossRegression.Params().set(name="task", precision=policy)
+    task.train.set(optimizer="adam", lr_schedule="constant", learning_rate=0.01)
+    return TrainStep(task, RandomRegressionInput.Params().set(name="train", batch_size=32))
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["scale_1", "dynamic_scale"])
+def test_float16_gradients_underflow_without_loss_scaling_and_scaling_recovers_them(scaled) -> None:
+    """mixed_float16 with the loss scale held at 1 (no scaling): the gradients round to zero in
+    float16 and Adam's update is zero, weights unchanged; the dynamic scale (2^15) lifts them into
+    float16's range and the same step moves every weight, as float32's does."""
+    step = _tiny_loss_step("mixed_float16")
+    if not scaled:
+        step.loss_scale.scale.assign(1.0)
+    before = [v.numpy() for v in step.task.trainable_variables]
+    finite, outputs = step.run(3)
+    assert bool(finite) and float(outputs["learner"]["skipped_steps"]) == 0.0
+    moved = [not np.array_equal(a, v.numpy()) for a, v in zip(before, step.task.trainable_variables)]
+    assert len(moved) == 2 and moved == [scaled, scaled], moved  # w and b
+    if scaled:
+        reference = _tiny_loss_step("float32")
+        reference.run(3)
+        for a, b in zip(reference.task.trainable_variables, step.task.trainable_variables):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "kind, placement", [("mesh", "MeshPlacement"), ("stage_processes", "StagesHere")], ids=["mesh", "stages"]
+)
+def test_mixed_float16_beyond_one_process_is_one_config_error(kind, placement) -> None:
+    with pytest.raises(ConfigError) as info:
+        _placed_step(kind, "mixed_float16")
+    assert str(info.value) == (
+        f"task.precision 'mixed_float16' (loss scaling) runs in one process only, not under the "
+        f"{placement} placement; use mixed_bfloat16"
+    )

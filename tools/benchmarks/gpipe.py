@@ -87,12 +87,29 @@ def _model(spec: dict) -> Any:
 
     layers = [_dense_params(f"fc{i}", spec["width"], spec["activation"]) for i in range(spec["depth"])]
     if not spec["model"].startswith("gpipe"):
-        return core.SequentialLayer.Params().set(name="net", sub=layers).instantiate()
+        return _instantiate(core.SequentialLayer.Params().set(name="net", sub=layers), spec)
     p = gpipe.GPipeLayer.Params().set(
         name="net", layers=layers, num_stages=spec["stages"], num_micro_batches=spec["micro_batches"]
     )
     schedule, virtual = spec.get("schedule", "fill_drain"), spec.get("virtual_stages", 1)
-    return p.set(remat=spec["remat"], schedule=schedule, virtual_stages=virtual).instantiate()
+    return _instantiate(p.set(remat=spec["remat"], schedule=schedule, virtual_stages=virtual), spec)
+
+
+def _instantiate(params: Any, spec: dict) -> Any:
+    """The model of ``params``; under ``spec["precision"]`` (a ``task.precision`` policy other than
+    float32) built as a task's child, so it computes in that policy's dtype over float32 weights."""
+    policy = spec.get("precision", "float32")
+    if policy == "float32":
+        return params.instantiate()
+    from tools.benchmarks.precision import ModelTask
+
+    return ModelTask.Params().set(name="task", precision=policy, model=params).instantiate().model
+
+
+def _squared(tf: Any, y: Any, t: Any) -> Any:
+    """``(y - t)**2`` in the targets' dtype, for the sums of the loss; a mixed precision model's
+    difference in its own dtype (an activation the backward keeps, as the model's others)."""
+    return tf.cast(tf.square(y - tf.cast(t, y.dtype)), t.dtype)
 
 
 def _dense_step(spec: dict) -> tuple[Any, Any]:
@@ -108,10 +125,10 @@ def _dense_step(spec: dict) -> tuple[Any, Any]:
     kind = spec["model"]
 
     def loss_of(y: Any, t: Any) -> Any:
-        return tf.reduce_mean(tf.square(y - t))
+        return tf.reduce_mean(_squared(tf, y, t))
 
     def squared_errors(ctx: Any, y: Any, t: Any) -> Any:
-        return tf.reduce_sum(tf.square(y - t), axis=-1)
+        return tf.reduce_sum(_squared(tf, y, t), axis=-1)
 
     if spec.get("step") in ("forward", "gradients"):  # a stage's costs: no update
         return _cost_step(spec, model, x, target, squared_errors), variables
@@ -224,6 +241,7 @@ def run_worker(spec: dict) -> int:
             "weight_bytes": int(sum(v.numpy().nbytes for v in variables)),
             "live_peak_bytes": traced["live_peak_bytes"],
             "traced_peak_bytes": traced["chunk_peak_bytes"],
+            "resting_bytes": traced["resting_bytes"],
         }
 
     return harness.serve(spec, step, memory)

@@ -165,6 +165,11 @@ class Worker:
         """One timed step: ``step_s`` and the worker's own CPU seconds in it, ``cpu_s``."""
         return self.ask("step")
 
+    @property
+    def pid(self) -> int:
+        """The worker process's id."""
+        return self._proc.pid
+
     def peak_rss_bytes(self) -> int:
         """The worker process's peak resident memory so far (Linux's VmHWM)."""
         return peak_rss_bytes(self._proc.pid)

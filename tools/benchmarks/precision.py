@@ -5,9 +5,24 @@
   mixed_bfloat16`` over the same step under float32 (target <= 0.7).
 - precision_step_ratio (lm): ``lm.synthetic.TransformerLM``'s trainer step (``TrainStep``, its
   while loop of steps) the same way, for information.
+- precision_activation_peak_ratio: the gpipe benchmark's dense stack as a K=2, M=8 pipeline
+  (fill-drain, remat never, the squared error per micro-batch in the last stage; 8 layers of width
+  512, batch 8192, so activations outweigh the weights) on two logical devices, each side in a
+  ``tools.benchmarks.gpipe`` memory worker: the peak of the tensors alive during a step, replayed
+  from the allocator's events (``tools.memory_trace``), less what was in use before it (weights,
+  batch, targets), as ``tools.benchmark schedules`` measures a device's activation peak; bfloat16
+  over float32 (target <= 0.6). ``allocator_peak_ratio``: the BFC allocator's process peaks.
+- precision_bytes_ratio, precision_remote_speedup_k2: ``tools.benchmark remote``'s speed figures
+  (its code: the same stack as a K=2 pipeline, M=8, fill-drain, stages in two processes) run with
+  ``--precision=float32,mixed_bfloat16`` in the same rounds; the bytes its processes sent per step
+  (``bytes_per_step``), bfloat16 over float32 (target <= 0.55), and ``remote_speedup_k2`` under
+  mixed_bfloat16 on both sides (the plain stack on one core over the cross-process pipeline),
+  beside float32's. The remote lines themselves are printed too.
 
-Both sides are built in this process, pinned to one core with one intra-op thread, and timed in
-alternating rounds (a side's best round counts: load only adds time). ``--quick``: smoke-test sizes.
+The step ratios' sides are built in this process, pinned to one core with one intra-op thread, and
+timed in alternating rounds (a side's best round counts: load only adds time); the other figures'
+sides run in worker processes first. ``--quick``: smoke-test sizes, and the remote figures' client
+serves stage 0 itself (one TensorFlow start less per precision).
 """
 
 from __future__ import annotations
@@ -25,7 +40,7 @@ from layers.base_layer import BaseLayer, FPropContext
 from params import experiment
 from params.hyperparams import InstantiableParams
 from tasks.base_task import BaseTask
-from tools.benchmarks import harness
+from tools.benchmarks import harness, remote
 
 POLICIES = ("float32", "mixed_bfloat16")
 
@@ -52,6 +67,21 @@ class DenseStack(BaseTask):
             y = layer(ctx, y)
         loss = tf.reduce_mean(tf.square(tf.cast(y, tf.float32) - batch["y"]))
         return {"loss": (loss, tf.constant(1.0))}
+
+
+class ModelTask(BaseTask):
+    """A task holding one model (``model``) and nothing else: the benchmarks' way to build a plain
+    layer (the gpipe stack) under ``task.precision``."""
+
+    @classmethod
+    def Params(cls) -> InstantiableParams:  # noqa: N802
+        p = super().Params()
+        p.define("model", None, "The model's Params.")
+        return p
+
+    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
+        super().__init__(params, parent)
+        self.create_child("model", self.params.model)
 
 
 def _dense_step(policy: str, batch: int, width: int) -> Callable[[], Any]:
@@ -94,13 +124,54 @@ def _best_times(steps: dict[str, Callable[[], Any]], rounds: int) -> dict[str, f
     return best
 
 
+def _activation_peaks(args: argparse.Namespace, cpus: list[int]) -> None:
+    width, depth, batch = (64, 4, 256) if args.quick else (512, 8, 8192)
+    spec = {
+        "model": "gpipe_head", "width": width, "depth": depth, "batch": batch, "activation": "relu",
+        "stages": 2, "micro_batches": 8, "remat": "never", "schedule": "fill_drain", "measure": "memory",
+        "warmup": 0 if args.quick else 1, "cpus": cpus[:2], "intra_op_threads": 1, "inter_op_threads": 2,
+        "logical_devices": 2,
+    }  # fmt: skip
+    peaks = {p: harness.run_once("gpipe", remote._with_precision(spec, p)) for p in POLICIES}
+    held = {p: x["live_peak_bytes"] - x["resting_bytes"] for p, x in peaks.items()}
+    f32, bf16 = peaks["float32"], peaks["mixed_bfloat16"]
+    harness.emit(
+        "precision_activation_peak_ratio", held["mixed_bfloat16"] / held["float32"], target=0.6,
+        activation_peak_bytes=held, allocator_peak_ratio=round(bf16["peak_bytes"] / f32["peak_bytes"], 4),
+        allocator_peak_bytes={p: x["peak_bytes"] for p, x in peaks.items()}, weight_bytes=f32["weight_bytes"],
+        width=width, depth=depth, batch=batch, stages=2, micro_batches=8, remat="never",
+        schedule="fill_drain",
+    )  # fmt: skip
+
+
+def _remote_figures(args: argparse.Namespace, cpus: list[int]) -> None:
+    flags = ["--figures=speed", f"--precision={','.join(POLICIES)}", f"--steps={args.rounds}"]
+    run = remote._parse([*flags, "--quick"] if args.quick else flags)
+    results = remote._speed(run, cpus, hosted=args.quick)
+    f32, bf16 = (results[("fill_drain", "own", p)] for p in POLICIES)
+    sizes = dict(width=run.width, depth=run.depth, batch=run.batch, micro_batches=run.micro_batches)
+    harness.emit(
+        "precision_bytes_ratio", bf16["bytes_per_step"] / f32["bytes_per_step"], target=0.55,
+        bytes_per_step={p: r["bytes_per_step"] for p, r in zip(POLICIES, (f32, bf16))},
+        handoff_bytes_float32=2 * run.batch * run.width * 4, **sizes,
+    )  # fmt: skip
+    harness.emit(
+        "precision_remote_speedup_k2", bf16["speedup"], float32_remote_speedup_k2=round(f32["speedup"], 4),
+        plain_step_s={p: round(r["plain_step_s"], 4) for p, r in zip(POLICIES, (f32, bf16))},
+        remote_step_s={p: round(r["remote_step_s"], 4) for p, r in zip(POLICIES, (f32, bf16))},
+        schedule="fill_drain", stage_cpus="own", **sizes,
+    )  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark precision")
     parser.add_argument("--quick", action="store_true", help="Smoke-test sizes.")
     parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds per figure.")
     args = parser.parse_args(argv[1:])
-    cpu = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpu})
+    cpus = harness.usable_cpus("precision")
+    _activation_peaks(args, cpus)
+    _remote_figures(args, cpus)
+    os.sched_setaffinity(0, {cpus[0]})
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     batch, width = (256, 128) if args.quick else (4096, 1024)

@@ -10,8 +10,8 @@ stdin with its allocator's numbers: ``tools.benchmark schedules`` reads each dev
 batch and its targets are made on the first and last stage's devices once (what the stages exchange
 is measured, not the trainer's input pipeline); each SGD update runs on its variable's device.
 
-The speed figures take two comma-separated options, and every combination runs in the same
-alternating rounds (one line each per figure, naming its ``schedule`` and ``stage_cpus``):
+The speed figures take three comma-separated options, and every combination runs in the same
+alternating rounds (one line each per figure, naming its ``schedule``, ``stage_cpus`` and ``precision``):
 
 - ``--schedule`` (default ``fill_drain``, GPipe's; also ``one_f_one_b``, ``zb_h1``, ``zb_h2``): the
   pipeline's schedule, the same on both pipelined sides (one process and across processes). Its
@@ -19,6 +19,8 @@ alternating rounds (one line each per figure, naming its ``schedule`` and ``stag
   remote_speedup_k2 line: 2M/(M+K-1) = 1.78 for fill-drain and 1F1B, 1.92 for ZB-H1 (its bubble
   (K-1)(F+I-W) is a third of fill-drain's at K=2, and a stage hands its input gradient on before it
   computes its weight gradients).
+- ``--precision`` (default ``float32``; also ``mixed_bfloat16``): ``task.precision`` of every side
+  (the model built as a task's child: bfloat16 computation and hand-offs over float32 weights).
 - ``--stage_cpus`` (default ``own``): ``own`` pins each stage process to its own core; ``shared``
   lets both stage processes run on the pipeline's two cores, as the one-process side's logical
   devices do (a stage alone, in the fill and drain, then runs its independent ops on the idle core).
@@ -35,6 +37,8 @@ alternating rounds (one line each per figure, naming its ``schedule`` and ``stag
   matmuls are about 5% slower than 4096-row ones; the first stage needs no gradient for its input,
   the last one computes it and the loss), so, by the schedule's timeline with those costs, an ideal
   fill-drain step reads about 1.6 and an ideal ZB-H1 step about 1.73, before any hand-off cost.
+  ``bytes_per_step``: the TCP payload bytes the client and stage processes sent in a step, the
+  median over the rounds (``ss``'s per-connection ``bytes_sent``).
 - remote_client_cpu_share_k2: the client process's CPU seconds over wall seconds in the timed steps
   of that K=2 run: near 0 when the stages' forward, backward and updates run in the stage processes.
 - remote_rss_ratio_k2, remote_rss_ratio_k4: the peak resident memory (VmHWM) of the largest process
@@ -74,6 +78,7 @@ NAME = "remote"
 FIGURES = ("speed", "rss")
 SPEED_SCHEDULES = ("fill_drain", "one_f_one_b", "zb_h1", "zb_h2")  # K=2 without virtual stages
 STAGE_CPUS = ("own", "shared")
+PRECISIONS = ("float32", "mixed_bfloat16")  # mixed_float16's loss scaling runs in one process only
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -177,7 +182,7 @@ def client_step(spec: dict, devices: list[str]) -> tuple[Any, Any]:
     variables = model.trainable_variables
 
     def squared_errors(ctx: Any, y: Any, t: Any) -> Any:
-        return tf.reduce_sum(tf.square(y - t), axis=-1)
+        return tf.reduce_sum(gpipe._squared(tf, y, t), axis=-1)
 
     @tf.function(autograph=False)
     def step() -> Any:
@@ -269,6 +274,13 @@ class Pipeline:
         """Each stage process's CPU seconds so far (user and system, from /proc/<pid>/stat)."""
         return [process_cpu_seconds(p.pid) for p in self.stages]
 
+    def bytes_sent(self) -> int:
+        """The TCP payload bytes every process of the pipeline (client and stages) has sent so far on
+        its open connections (``ss``'s ``bytes_sent``): what crossed the network, headers of gRPC's
+        messages included, not TCP's own."""
+        pids = {self.client.pid, *(p.pid for p in self.stages)}
+        return socket_bytes_sent(pids)
+
     def peak_rss(self) -> dict[str, int]:
         peaks = {f"stage_{k}": harness.peak_rss_bytes(p.pid) for k, p in enumerate(self.stages)}
         return {"client": self.client.peak_rss_bytes(), **peaks}
@@ -284,6 +296,21 @@ class Pipeline:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def socket_bytes_sent(pids: set[int]) -> int:
+    """The ``bytes_sent`` of every TCP connection that a process of ``pids`` holds (``ss -tinpH``)."""
+    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
+    total, owned = 0, False
+    for line in out.splitlines():
+        if not line[:1].isspace():  # a connection's line; its details follow, indented
+            owned = any(f"pid={pid}," in line for pid in pids)
+            continue
+        if owned:
+            for field in line.split():
+                if field.startswith("bytes_sent:"):
+                    total += int(field.split(":", 1)[1])
+    return total
 
 
 def stage_cpus(spec: dict, cpus: list[int], task: int) -> list[int]:
@@ -309,38 +336,52 @@ def _theory(schedule: str, k: int, m: int) -> float:
     return k * m * 3 / timeline.step_time(timeline.events(schedule, k, m))
 
 
-def _speed(args: argparse.Namespace, cpus: list[int]) -> None:
+def _speed(
+    args: argparse.Namespace, cpus: list[int], hosted: bool = False
+) -> dict[tuple[str, str, str], dict]:
+    """The speed figures' sides for every schedule, stage_cpus and precision, in alternating rounds;
+    prints their lines and returns each remote side's ``{"speedup", "plain_step_s", "remote_step_s",
+    "bytes_per_step"}`` by ``(schedule, stage_cpus, precision)``. ``hosted``: the client process
+    serves stage 0 (``Pipeline``'s ``client_hosts_stage``)."""
     dense = dict(width=args.width, depth=args.depth, batch=args.batch, activation="relu", warmup=args.warmup)
     dense.update(measure="time", system_allocator=args.allocator == "system")
     pipeline = dict(dense, stages=2, micro_batches=args.micro_batches, remat="never")
-    plain_spec = dict(dense, model="plain", cpus=cpus[:1], intra_op_threads=1, inter_op_threads=1)
-    remotes: dict[tuple[str, str], Pipeline] = {}
+    if hosted:  # the client serves stage 0 itself: one TensorFlow start less (a smoke test)
+        pipeline.update(client_hosts_stage=True)
+    remotes: dict[tuple[str, str, str], Pipeline] = {}
     workers: dict[Any, harness.Worker] = {}
     try:
-        workers["plain"] = harness.Worker("gpipe", plain_spec)
-        for schedule in args.schedule:
-            local_spec = dict(
-                pipeline, model="gpipe_head", logical_devices=2, cpus=cpus[:2], schedule=schedule
-            )
-            workers[("local", schedule)] = harness.Worker(
-                "gpipe", dict(local_spec, intra_op_threads=1, inter_op_threads=2)
-            )
-            for where in args.stage_cpus:
-                client_spec = dict(pipeline, cpus=cpus[:2], intra_op_threads=1, inter_op_threads=2)
-                client_spec.update(schedule=schedule, stage_cpus=where)
-                remotes[(schedule, where)] = Pipeline(client_spec, cpus)
-                workers[(schedule, where)] = remotes[(schedule, where)].client
+        for policy in args.precision:
+            plain_spec = dict(dense, model="plain", cpus=cpus[:1], intra_op_threads=1, inter_op_threads=1)
+            workers[("plain", policy)] = harness.Worker("gpipe", _with_precision(plain_spec, policy))
+            for schedule in args.schedule:
+                local_spec = dict(
+                    pipeline, model="gpipe_head", logical_devices=2, cpus=cpus[:2], schedule=schedule
+                )
+                local_spec.update(intra_op_threads=1, inter_op_threads=2)
+                workers[("local", schedule, policy)] = harness.Worker(
+                    "gpipe", _with_precision(local_spec, policy)
+                )
+                for where in args.stage_cpus:
+                    client_spec = dict(pipeline, cpus=cpus[:2], intra_op_threads=1, inter_op_threads=2)
+                    client_spec.update(schedule=schedule, stage_cpus=where)
+                    side = (schedule, where, policy)
+                    remotes[side] = Pipeline(_with_precision(client_spec, policy), cpus)
+                    workers[side] = remotes[side].client
         for worker in workers.values():
             worker.read()  # ready
         times: dict[Any, list[float]] = {side: [] for side in workers}
         cpu_share: dict[Any, list[float]] = {side: [] for side in remotes}
         stage_cpu: dict[Any, list[list[float]]] = {side: [] for side in remotes}
+        sent: dict[Any, list[int]] = {side: [] for side in remotes}
         for _ in range(args.steps):
             for side, worker in workers.items():
                 before = remotes[side].stage_cpu_seconds() if side in remotes else []
+                bytes_before = remotes[side].bytes_sent() if side in remotes else 0
                 result = worker.step_result()
                 times[side].append(result["step_s"])
                 if side in remotes:
+                    sent[side].append(remotes[side].bytes_sent() - bytes_before)
                     cpu_share[side].append(result["cpu_s"] / result["step_s"])
                     after = remotes[side].stage_cpu_seconds()
                     stage_cpu[side].append([a - b for a, b in zip(after, before)])
@@ -352,28 +393,42 @@ def _speed(args: argparse.Namespace, cpus: list[int]) -> None:
             remote.close()
     best = {side: min(t) for side, t in times.items()}
     sizes = dict(width=args.width, depth=args.depth, batch=args.batch, micro_batches=args.micro_batches)
-    for (schedule, where), remote_s in ((side, best[side]) for side in remotes):
-        local_s, plain_s = best[("local", schedule)], best["plain"]
+    results = {}
+    for (schedule, where, policy), remote_s in ((side, best[side]) for side in remotes):
+        local_s, plain_s = best[("local", schedule, policy)], best[("plain", policy)]
         steps = dict(
             remote_step_s=round(remote_s, 4), local_step_s=round(local_s, 4), plain_step_s=round(plain_s, 4)
         )
-        variant = dict(schedule=schedule, stage_cpus=where)
-        in_best = stage_cpu[(schedule, where)][times[(schedule, where)].index(remote_s)]
+        variant = dict(schedule=schedule, stage_cpus=where, precision=policy)
+        side = (schedule, where, policy)
+        in_best = stage_cpu[side][times[side].index(remote_s)]
         stages = dict(  # the best step's: each stage process's CPU seconds, and over the step's seconds
             stage_cpu_s=[round(c, 3) for c in in_best], stage_busy=[round(c / remote_s, 3) for c in in_best]
         )
+        bytes_per_step = int(statistics.median(sent[side]))
         harness.emit("remote_speed_vs_local_k2", local_s / remote_s, **variant, **steps, **sizes)
         theory = round(_theory(schedule, 2, args.micro_batches), 4)
         harness.emit(
-            "remote_speedup_k2", plain_s / remote_s, **variant, theory=theory, **steps, **stages, **sizes
-        )
+            "remote_speedup_k2", plain_s / remote_s, **variant, theory=theory, **steps, **stages,
+            bytes_per_step=bytes_per_step, **sizes,
+        )  # fmt: skip
         harness.emit(
             "remote_client_cpu_share_k2",
-            statistics.median(cpu_share[(schedule, where)]),
+            statistics.median(cpu_share[side]),
             **variant,
-            per_step=[round(c, 3) for c in cpu_share[(schedule, where)]],
+            per_step=[round(c, 3) for c in cpu_share[side]],
             **sizes,
         )
+        results[side] = dict(
+            speedup=plain_s / remote_s, plain_step_s=plain_s, remote_step_s=remote_s,
+            bytes_per_step=bytes_per_step, bytes_per_step_each=sent[side],
+        )  # fmt: skip
+    return results
+
+
+def _with_precision(spec: dict, policy: str) -> dict:
+    """``spec`` under ``task.precision = policy`` (float32: unchanged, as the figures always ran)."""
+    return spec if policy == "float32" else dict(spec, precision=policy)
 
 
 def _rss(args: argparse.Namespace, cpus: list[int]) -> None:
@@ -440,6 +495,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="Comma-separated, from own (each stage process pinned to its own core) and shared (each "
         "may run on the pipeline's two cores, as the local side's logical devices do).",
     )
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        help="Comma-separated task.precision policies of the speed figures, from float32 and "
+        "mixed_bfloat16: each on every side (plain, local and remote), all in the same rounds.",
+    )
     parser.add_argument("--memory_width", type=int, default=8192, help="Dense width (memory figures).")
     parser.add_argument("--memory_depth", type=int, default=16, help="Dense layers (memory figures).")
     parser.add_argument("--memory_batch", type=int, default=64, help="Global batch (memory figures).")
@@ -457,6 +518,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.schedule = _choices(parser, "--schedule", args.schedule, SPEED_SCHEDULES)
     args.stage_cpus = _choices(parser, "--stage_cpus", args.stage_cpus, STAGE_CPUS)
+    args.precision = _choices(parser, "--precision", args.precision, PRECISIONS)
     if args.quick:
         args.width, args.depth, args.batch = 64, 8, 64
         args.memory_width, args.memory_depth, args.memory_batch = 256, 8, 16
