@@ -101,7 +101,7 @@ def _instantiate(params: Any, spec: dict) -> Any:
     policy = spec.get("precision", "float32")
     if policy == "float32":
         return params.instantiate()
-    from tools.benchmarks.precision import ModelTask
+    from tools.benchmarks.model_task import ModelTask
 
     return ModelTask.Params().set(name="task", precision=policy, model=params).instantiate().model
 

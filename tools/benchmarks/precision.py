@@ -69,21 +69,6 @@ class DenseStack(BaseTask):
         return {"loss": (loss, tf.constant(1.0))}
 
 
-class ModelTask(BaseTask):
-    """A task holding one model (``model``) and nothing else: the benchmarks' way to build a plain
-    layer (the gpipe stack) under ``task.precision``."""
-
-    @classmethod
-    def Params(cls) -> InstantiableParams:  # noqa: N802
-        p = super().Params()
-        p.define("model", None, "The model's Params.")
-        return p
-
-    def __init__(self, params: InstantiableParams, parent: BaseLayer | None = None) -> None:
-        super().__init__(params, parent)
-        self.create_child("model", self.params.model)
-
-
 def _dense_step(policy: str, batch: int, width: int) -> Callable[[], Any]:
     task = DenseStack.Params().set(name="task", width=width, precision=policy).instantiate()
     data = {
