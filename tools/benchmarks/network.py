@@ -21,8 +21,9 @@ namespace, one core, one intra-op thread, the best of the rounds): the pipeline'
 layers at the micro-batch size (forward; forward and backward), through the simulator with the
 link; the replicas' from one replica's whole step on half the batch, plus the ring all-reduce of the
 gradient; each with ``host_mbit``, the hosts' own work per byte (gRPC's copies and serialization, the
-ring's sums: ``Link.host_mbit``), fitted for each placement on its step over the unlimited link
-(``host_fitted_here``: that line's prediction is the fit, not a test of the model; without an
+ring's sums: ``Link.host_mbit``; a hand-off streams, so the slower of host and link counts, while a
+ring hop's sum comes between its receive and its send, so the two add), fitted for each placement on
+its step over the unlimited link (``host_fitted_here``: that line's prediction is the fit, not a test of the model; without an
 unlimited rate in ``--rates``, none). Then ``network_crossover_mbit``: the rate below which the
 pipeline's step is the shorter, predicted (the model's, bisected, from the best costs of all rounds)
 and measured (interpolated in log rate between the measured points). Lines carry the 1-minute load average.

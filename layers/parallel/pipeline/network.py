@@ -13,7 +13,9 @@ without a limit (no cost but the latency).
   (``replicas_step``).
 - ``crossover_mbit``: the link rate below which the pipeline's step is the shorter of the two.
 - ``Link.host_mbit``: the hosts' own work per byte, e.g. fitted on a step over an unlimited link
-  (``fit_host_mbit``).
+  (``fit_host_mbit``). A hand-off is streamed (the sender's serialization feeds the wire as it
+  goes), so it takes the slower of the host's and the link's rates; a ring's hop is not (a replica
+  receives a chunk, sums it, then sends it on), so the all-reduce takes both, one after the other.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class Link:
     """A link's rate (Mbit/s of payload in each direction; None: no limit) and one-way latency (s).
 
     ``host_mbit`` (None: free) is the rate at which the hosts' own software moves a message's bytes
-    (copies, serialization, a ring's sums: work on the hosts' cores, which no link rate removes);
-    each byte then takes 1 / rate + 1 / host_mbit. ``fit_host_mbit`` finds it from one measured step."""
+    (copies, serialization, a ring's sums: work on the hosts' cores, which no link rate removes): a
+    streamed message's byte takes max(1 / rate, 1 / host_mbit), a ring hop's 1 / rate + 1 / host_mbit.
+    ``fit_host_mbit`` finds it from one measured step."""
 
     rate_mbit: float | None = None
     latency_s: float = 0.0
@@ -46,10 +49,13 @@ class Link:
         if not self.latency_s >= 0:
             raise ValueError(f"Link.latency_s must be >= 0 seconds, got {self.latency_s}")
 
-    def busy_seconds(self, num_bytes: float) -> float:
-        """How long ``num_bytes`` occupy the link (no latency)."""
-        per_bit = sum(1 / (r * 1e6) for r in (self.rate_mbit, self.host_mbit) if r is not None)
-        return num_bytes * 8 * per_bit
+    def busy_seconds(self, num_bytes: float, streamed: bool = True) -> float:
+        """How long ``num_bytes`` occupy the link (no latency): ``streamed``, the host's work overlaps
+        the wire (the slower rate counts); otherwise the two add (a ring's receive, sum, send)."""
+        per_bit = [1 / (r * 1e6) for r in (self.rate_mbit, self.host_mbit) if r is not None]
+        if not per_bit:
+            return 0.0
+        return num_bytes * 8 * (max(per_bit) if streamed else sum(per_bit))
 
     def seconds(self, num_bytes: float) -> float:
         """One message of ``num_bytes``: latency + bytes / rate."""
@@ -63,7 +69,7 @@ def allreduce_seconds(gradient_bytes: float, replicas: int, link: Link) -> float
     if replicas == 1:
         return 0.0
     hops = 2 * (replicas - 1)
-    return hops * link.latency_s + link.busy_seconds(hops / replicas * gradient_bytes)
+    return hops * link.latency_s + link.busy_seconds(hops / replicas * gradient_bytes, streamed=False)
 
 
 def replicas_step(compute_s: float, gradient_bytes: float, replicas: int, link: Link) -> float:

@@ -84,9 +84,12 @@ def test_a_deadlocked_order_is_an_error():
         network.timeline(orders, cost, network.Link(10), 1000)
 
 
-def test_the_hosts_own_work_per_byte_adds_to_the_rate_and_is_fitted_back():
+def test_the_hosts_own_work_per_byte_overlaps_a_hand_off_adds_to_a_ring_and_is_fitted_back():
     link = network.Link(100, host_mbit=400)
-    assert link.busy_seconds(MIB) == pytest.approx(MIB * 8 / 100e6 + MIB * 8 / 400e6)
+    assert link.busy_seconds(MIB) == pytest.approx(MIB * 8 / 100e6)
+    assert network.Link(1000, host_mbit=400).busy_seconds(MIB) == pytest.approx(MIB * 8 / 400e6)
+    assert link.busy_seconds(MIB, streamed=False) == pytest.approx(MIB * 8 / 100e6 + MIB * 8 / 400e6)
+    assert network.allreduce_seconds(MIB, 2, link) == pytest.approx(link.busy_seconds(MIB, streamed=False))
 
     def step(host):
         return network.replicas_step(1.0, 64 * MIB, 2, network.Link(10_000, host_mbit=host))
