@@ -40,4 +40,15 @@ def test_quick_run_prints_each_placement_at_each_rate_and_the_crossover():
     assert 262_144 < steps[0]["bytes_per_step"] < 1.2 * 262_144
     assert 528_384 < steps[1]["bytes_per_step"] < 1.2 * 528_384
     assert 15 < steps[0]["measured_link_mbit"] <= 20
-    assert lines[-1]["name"] == "network_crossover_mbit" and set(lines[-1]) >= {"predicted", "measured"}
+    crossover = lines[-1]
+    assert crossover["name"] == "network_crossover_mbit"
+    assert set(crossover) >= {
+        "predicted",
+        "measured",
+        "predicted_faster_everywhere",
+        "measured_faster_everywhere",
+    }
+    # where a side has no crossover it names the placement faster at every rate, and only then
+    for side in ("predicted", "measured"):
+        faster = crossover[f"{side}_faster_everywhere"]
+        assert (faster in ("pipeline", "replicas")) if crossover[side] is None else faster is None, crossover

@@ -22,11 +22,13 @@ layers at the micro-batch size (forward; forward and backward), through the simu
 link; the replicas' from one replica's whole step on half the batch, plus the ring all-reduce of the
 gradient; each with ``host_mbit``, the hosts' own work per byte (gRPC's copies and serialization, the
 ring's sums: ``Link.host_mbit``; a hand-off streams, so the slower of host and link counts, while a
-ring hop's sum comes between its receive and its send, so the two add), fitted for each placement on
-its step over the unlimited link (``host_fitted_here``: that line's prediction is the fit, not a test of the model; without an
-unlimited rate in ``--rates``, none). Then ``network_crossover_mbit``: the rate below which the
-pipeline's step is the shorter, predicted (the model's, bisected, from the best costs of all rounds)
-and measured (interpolated in log rate between the measured points). Lines carry the 1-minute load average.
+ring hop's sum comes between its receive and its send, so the two add), fitted for each placement
+on its step over the unlimited link (``host_fitted_here``: that line's prediction is the fit, not a
+test of the model; without an unlimited rate in ``--rates``, none). Then ``network_crossover_mbit``:
+the rate below which the pipeline's step is the shorter, predicted (the model's, bisected, from the
+best costs of all rounds) and measured (interpolated in log rate between the measured points);
+where there is none (null), ``predicted_faster_everywhere`` and ``measured_faster_everywhere`` name
+the placement that wins at every rate. Lines carry the 1-minute load average.
 
 ``--quick`` (a smoke test: 4 layers of width 128, batch 256, M=4, rates 20 and unlimited, 2 rounds;
 the figures mean little). Where hosts cannot be made (not root, no ``ip``/``tc``), one line
@@ -357,15 +359,30 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> None:
     predicted = network.crossover_mbit(
         lambda r: models["pipeline"](r, host["pipeline"]), lambda r: models["replicas"](r, host["replicas"])
     )
+    model_gaps = [
+        models["pipeline"](r, host["pipeline"]) - models["replicas"](r, host["replicas"]) for r in (1.0, 1e6)
+    ]
+    measured_gaps = [p - r for (_, p), (_, r) in zip(steps["pipeline"], steps["replicas"], strict=True)]
     _line(
         "network_crossover_mbit",
         predicted=None if predicted is None else round(predicted, 1),
         measured=None if crossing is None else round(crossing, 1),
+        predicted_faster_everywhere=_faster_everywhere(model_gaps) if predicted is None else None,
+        measured_faster_everywhere=_faster_everywhere(measured_gaps) if crossing is None else None,
         stage_forward_s=round(costs["forward"], 5),
         stage_backward_s=round(costs["backward"], 5),
         replica_compute_s=round(costs["replica"], 4),
         host_mbit={k: None if v is None else round(v, 1) for k, v in host.items()},
     )
+
+
+def _faster_everywhere(gaps: list[float]) -> str | None:
+    """The placement faster at every rate, from the pipeline's step less the replicas' at each."""
+    if all(g < 0 for g in gaps):
+        return "pipeline"
+    if all(g > 0 for g in gaps):
+        return "replicas"
+    return None
 
 
 def _rates(text: str) -> list[float | None]:
