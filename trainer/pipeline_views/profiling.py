@@ -6,7 +6,7 @@ GPipe layer emits sits in a name scope ``stage_<k>_micro_batch_<m>`` (forward),
 ``..._grad/recompute`` (re-materialization) or ``..._grad`` (backward; the tape's own gradient ops
 of a stage sit under ``gradient_tape/stage_<k>_micro_batch_<m>``); a split backward's I and W
 share those names, so the executor records, while the step is traced, which ops each I and W unit
-created (``step.SPLIT_BACKWARD_OPS``). Each (stage, micro-batch, kind) becomes one box from its
+created (``step.SplitBackwardOps``). Each (stage, micro-batch, kind) becomes one box from its
 first op's start to its last op's end, and the simulation takes each stage's median F, R, B, I and
 W. The schedule is named as run (``file:<path>`` for a ``schedule_file``). Writes, under the logdir:
 
@@ -39,7 +39,7 @@ from layers.parallel.pipeline import memory, simulator, timeline
 from layers.parallel.pipeline import schedule as schedules
 from layers.parallel.pipeline import segment as stage_segments
 from layers.parallel.pipeline.gpipe import GPipeLayer
-from layers.parallel.pipeline.step import SPLIT_BACKWARD_OPS
+from layers.parallel.pipeline.step import SplitBackwardOps
 from params.errors import ConfigError
 from params.hyperparams import Params
 from trainer import files, tf_settings
@@ -84,7 +84,7 @@ def pipeline_events(
     ops: Iterable[tuple[str, float, float]], split_kinds: dict[str, str] | None = None
 ) -> list[timeline.Event]:
     """One event per (stage, micro-batch, kind) found in the ops' name scopes, times from the first.
-    A backward op named in ``split_kinds`` (``step.SPLIT_BACKWARD_OPS``: the ops each I and W unit
+    A backward op named in ``split_kinds`` (``step.SplitBackwardOps.kind_of``: the ops each I and W unit
     created) counts as that unit's kind, so a split backward's I and W are boxes of their own.
 
     The weight-gradient sums over micro-batches belong to no one box. A box spans its ops, less
@@ -172,13 +172,13 @@ def run(root: Params, logdir: str, log: Callable[[str], None]) -> int:
         )
     pipeline = pipelines[0]
     compiled = step.gradients_function()
-    SPLIT_BACKWARD_OPS.recording = True  # while tracing: which ops each I and W unit creates
+    split_ops = pipeline.split_backward_ops = SplitBackwardOps()  # while tracing: each I's, W's ops
     try:
         compiled()  # compile and warm up outside the profile
     finally:
-        SPLIT_BACKWARD_OPS.recording = False
+        pipeline.split_backward_ops = None
     ops = op_events(lambda: tf.nest.map_structure(lambda t: t.numpy(), compiled()))
-    evs = pipeline_events(ops, SPLIT_BACKWARD_OPS.kind_of)
+    evs = pipeline_events(ops, split_ops.kind_of)
     if not evs:
         raise ConfigError(f"the profile of {root.model}'s step holds no pipeline ops")
     k_count, s_count = pipeline.num_devices, pipeline.num_stages

@@ -48,7 +48,7 @@ from layers.parallel.pipeline import schedule as schedules
 from layers.parallel.pipeline import segment
 from layers.parallel.pipeline.segment import Segment
 from layers.parallel.pipeline.stage_mesh import StageMeshes
-from layers.parallel.pipeline.step import Step
+from layers.parallel.pipeline.step import SplitBackwardOps, Step
 from layers.tf_compat import record  # a private TensorFlow module (layers/tf_compat.py)
 from params.errors import ConfigError
 
@@ -80,8 +80,10 @@ class PipelineExecutor:
         has_head: bool,
         meshes: StageMeshes | None = None,
         batch_dim: int = 0,
+        split_ops: SplitBackwardOps | None = None,
     ) -> None:
         self.path, self.schedule, self.stages, self.devices = path, schedule, stages, devices
+        self.split_ops = split_ops  # where a traced step records its I and W units' ops (profiles)
         self.batch_dim = batch_dim  # where a stage mesh's data axis splits the hand-offs
         self.remat, self.ctx, self.has_head = remat, ctx, has_head
         self.meshes = meshes or StageMeshes()

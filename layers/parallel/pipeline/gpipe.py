@@ -42,6 +42,7 @@ from layers.parallel.pipeline import knobs, microbatch, schedule_file, segment, 
 from layers.parallel.pipeline import schedule as schedules
 from layers.parallel.pipeline.executor import PipelineExecutor, run_in_order
 from layers.parallel.pipeline.segment import HeadFn
+from layers.parallel.pipeline.step import SplitBackwardOps
 from params.errors import ConfigError
 from params.hyperparams import InstantiableParams, Params
 
@@ -76,6 +77,8 @@ class GPipeLayer(BaseLayer):
         self._virtual = checks.positive_int(self, "virtual_stages")
         method = checks.one_of(self, "partition_method", partition.METHODS)
         self._batch_dim = knobs.non_negative_int(self, "batch_dim")
+        # Set by --mode=profile_pipeline while it traces a step: where the I and W units' ops go.
+        self.split_backward_ops: SplitBackwardOps | None = None
         self._num_micro_batches = checks.positive_int(self, "num_micro_batches")
         self._micro_batch_size = knobs.non_negative_int(self, "micro_batch_size")
         if self._micro_batch_size and self._num_micro_batches != 1:
@@ -315,6 +318,7 @@ class GPipeLayer(BaseLayer):
                 head is not None,
                 self._stage_meshes,
                 self._batch_dim,
+                self.split_backward_ops,
             )
             return executor(micro, structure, head_micro, head_structure)
         where = (self.stage_devices, self._stage_meshes, self._batch_dim)

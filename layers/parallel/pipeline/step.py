@@ -23,17 +23,13 @@ from params.errors import ConfigError
 
 
 class SplitBackwardOps:
-    """While recording (``--mode=profile_pipeline`` turns it on before tracing), the kind of each
-    op a split backward's I or W unit creates, by op name. The tape names a gradient op after its
-    forward op (``gradient_tape/stage_<s>_micro_batch_<m>/...``) whatever the scope it is built in,
-    so I and W cannot be told apart by their names alone."""
+    """The kind of each op a split backward's I or W unit creates, by op name, recorded while a
+    step is traced (``--mode=profile_pipeline`` hands one to the GPipe layer before tracing). The
+    tape names a gradient op after its forward op (``gradient_tape/stage_<s>_micro_batch_<m>/...``)
+    whatever the scope it is built in, so I and W cannot be told apart by their names alone."""
 
     def __init__(self) -> None:
-        self.recording = False
         self.kind_of: dict[str, str] = {}
-
-
-SPLIT_BACKWARD_OPS = SplitBackwardOps()
 
 
 class Pipeline(Protocol):
@@ -50,6 +46,7 @@ class Pipeline(Protocol):
     batch_dim: int
     in_step: bool
     splits_weights: bool
+    split_ops: SplitBackwardOps | None
 
 
 @dataclasses.dataclass
@@ -155,7 +152,7 @@ class Step:
         elif op.kind != schedules.FORWARD:
             scope += "_grad"
         after = [self.ends[d]] if self.ends[d] is not None else []
-        record = SPLIT_BACKWARD_OPS.recording and op.kind in (
+        record = self.ex.split_ops is not None and op.kind in (
             schedules.BACKWARD_INPUT,
             schedules.BACKWARD_WEIGHT,
         )
@@ -164,7 +161,7 @@ class Step:
         with on(self.ex.devices[d]), tf.name_scope(scope), tf.control_dependencies(after):
             produced = self._build_unit(op)
         if graph is not None:
-            SPLIT_BACKWARD_OPS.kind_of.update((o.name, op.kind) for o in graph.get_operations()[before:])
+            self.ex.split_ops.kind_of.update((o.name, op.kind) for o in graph.get_operations()[before:])
         done = [t for t in produced if t is not None]
         if done and not tf.executing_eagerly():
             with on(self.ex.devices[d]):
