@@ -14,7 +14,7 @@ from tools import benchmarks
 from trainer import tf_startup
 
 # Modules of tools/benchmarks/ that benchmarks import, not benchmarks themselves.
-LIBRARIES = ("harness", "lm_family", "text_input")
+LIBRARIES = ("harness", "lm_family", "model_task", "text_input")
 # Benchmarks whose driver only starts and reads processes (each worker imports TensorFlow itself):
 # their driver skips the import, about 3 s of CPU per run. The others run TensorFlow in the driver.
 PROCESS_ONLY_DRIVERS = ("gpipe", "local", "multiworker", "network", "remote", "schedules")
