@@ -42,7 +42,7 @@ from params.hyperparams import InstantiableParams
 from tasks.base_task import BaseTask
 from tools.benchmarks import harness, remote
 
-POLICIES = ("float32", "mixed_bfloat16")
+POLICIES = remote.PRECISIONS  # float32 and mixed_bfloat16
 
 
 class DenseStack(BaseTask):

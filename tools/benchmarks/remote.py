@@ -421,7 +421,7 @@ def _speed(
         )
         results[side] = dict(
             speedup=plain_s / remote_s, plain_step_s=plain_s, remote_step_s=remote_s,
-            bytes_per_step=bytes_per_step, bytes_per_step_each=sent[side],
+            bytes_per_step=bytes_per_step,
         )  # fmt: skip
     return results
 

@@ -51,10 +51,8 @@ ALL_KINDS = (FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 GRADIENT_KINDS = (BACKWARD, BACKWARD_INPUT)  # the units that hand a gradient to the previous stage
 CLASSIC = ("fill_drain", "one_f_one_b")
 SCHEDULES = ("fill_drain", "one_f_one_b", "one_f_one_b_split", "interleaved_1f1b", "zb_h1", "zb_h2")
-V_SCHEDULES = (
-    "zbv",
-    "dualpipe_v",
-)  # 2K stages in a V: device d holds stages d and 2K - 1 - d (virtual_stages=2)
+# 2K stages in a V: device d holds stages d and 2K - 1 - d (virtual_stages=2)
+V_SCHEDULES = ("zbv", "dualpipe_v")
 SPLIT_BACKWARD = ("one_f_one_b_split", "zb_h1", "zb_h2", "zbv", "dualpipe_v")
 REMAT_POLICIES = ("always", "except_last", "never")
 UNIT_COSTS = {FORWARD: 1.0, RECOMPUTE: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
@@ -291,13 +289,17 @@ class _DeviceOrder:
         self.count: dict[tuple[int, str], int] = {}
         self.weights: list[Op] = []
 
+    @staticmethod
+    def _key(stage: int, kind: str) -> tuple[int, str]:
+        return stage, BACKWARD_INPUT if kind == BACKWARD else kind
+
     def next(self, stage: int, kind: str) -> int:
-        return self.count.get((stage, BACKWARD_INPUT if kind == BACKWARD else kind), 0)
+        return self.count.get(self._key(stage, kind), 0)
 
     def add(self, stage: int, kind: str) -> None:
         m = self.next(stage, kind)
         self.ops.append(Op(stage, m, kind))
-        self.count[(stage, BACKWARD_INPUT if kind == BACKWARD else kind)] = m + 1
+        self.count[self._key(stage, kind)] = m + 1
         if kind == BACKWARD_INPUT:
             self.weights.append(Op(stage, m, BACKWARD_WEIGHT))
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from layers.parallel.pipeline import schedule as schedules
@@ -76,8 +77,7 @@ def to_actions(schedule: Schedule, with_transfers: bool = False) -> list[list[st
 
 def from_actions(rows: Sequence[Sequence[str]], name: str = "user") -> Schedule:
     """The schedule the ranks' actions describe, after ``validate`` (empty cells are idle slots)."""
-    validate(rows)
-    cells = _cells(rows)
+    cells = _validated(rows)
     k = len(cells)
     orders = []
     for row in cells:
@@ -101,11 +101,15 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
     """Raises ScheduleError naming the first bad action by its rank and column (1-based, as a
     spreadsheet shows the CSV; an ``OVERLAP_F_B`` cell's two actions share theirs): one that does not
     parse, a micro-batch past the schedule's M (the most micro-batches a stage runs forwards of: a
-    forward of micro-batch 8 where M = 8 is named at that action), a stage on another
-    rank than the one
-    holding most of that stage's actions, a unit twice, a backward before its forward, a W before its
-    I, a receive with no send, a missing (stage, micro-batch) unit, or an order that waits forever.
-    Empty cells (PyTorch's idle slots) are skipped."""
+    forward of micro-batch 8 where M = 8 is named at that action), a stage on another rank than the
+    one holding most of that stage's actions, a unit twice, a backward before its forward, a W before
+    its I, a receive with no send, a missing (stage, micro-batch) unit, or an order that waits
+    forever. Empty cells (PyTorch's idle slots) are skipped."""
+    _validated(rows)
+
+
+def _validated(rows: Sequence[Sequence[str]]) -> list[list[tuple[int, str]]]:
+    """``validate``, then the rows' actions with their columns (``_cells``)."""
     k = len(rows)
     cells = _cells(rows)
     if k == 0 or not any(cells):
@@ -177,6 +181,7 @@ def validate(rows: Sequence[Sequence[str]]) -> None:
     orders = [[Op(s, m, _KIND_OF[c]) for _, s, c, m, _ in row if c in _KIND_OF] for row in parsed]
     cost = {kind: [1.0] * stages for kind in schedules.ALL_KINDS}
     timeline.timeline(orders, cost)  # raises on an order that waits forever
+    return cells
 
 
 def _check_stray_micro_batches(parsed: Sequence[Sequence[tuple]]) -> None:
@@ -213,12 +218,11 @@ def write_csv(rows: Sequence[Sequence[str]]) -> str:
 def _ranks_of_stages(parsed: Sequence[Sequence[tuple]]) -> dict[int, int]:
     """Each stage's rank: the one whose row holds most of its actions (the lowest on a tie), so a
     single action moved to another rank is the one reported."""
-    counts: dict[int, dict[int, int]] = {}
+    counts: dict[int, Counter[int]] = defaultdict(Counter)
     for r, row in enumerate(parsed):
         for _, s, *_ in row:
-            counts.setdefault(s, {}).setdefault(r, 0)
             counts[s][r] += 1
-    return {s: max(sorted(by_rank), key=lambda r: by_rank[r]) for s, by_rank in counts.items()}
+    return {s: max(sorted(by_rank), key=by_rank.__getitem__) for s, by_rank in counts.items()}
 
 
 def _cells(rows: Sequence[Sequence[str]]) -> list[list[tuple[int, str]]]:
