@@ -188,9 +188,11 @@ class BaseLayer(tf.Module):
         # A precision policy's float32 weights (tasks: task.precision), inherited by every child.
         master = self._master_dtype_of(p)
         self._master_dtype = master if master is not None or parent is None else parent._master_dtype
+        inherited = parent.cast_reads if parent is not None else None
+        self._cast_reads = precision.CastReads() if master is not None else inherited
         self.vars: dict[str, tf.Variable] = {}
         if precision.casts_weights(p.dtype, self._master_dtype):
-            self.vars = precision.CastWeights(p.dtype)
+            self.vars = precision.CastWeights(p.dtype, self._cast_reads or precision.CastReads())
         # The innermost mesh_scope, else the parent's mesh (a GPipe stage builds its layers in a scope
         # of the stage's submesh under a parent that is on none).
         scoped = mesh_lib.active_mesh()
@@ -200,6 +202,12 @@ class BaseLayer(tf.Module):
         """The dtype this layer's and its children's weights are kept in when it differs from their
         compute dtype (a task's precision policy); None: each layer's own dtype."""
         return None
+
+    @property
+    def cast_reads(self) -> precision.CastReads | None:
+        """How this layer's (and its task's) float32 weights are read in the compute dtype under a
+        mixed precision policy (a pipelined step casts each once); None under float32."""
+        return self._cast_reads
 
     @property
     def params(self) -> Params:

@@ -17,6 +17,7 @@ the attention logits' softmax compute in it and cast back to the layer's dtype.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,9 +56,10 @@ class CastWeights(tf.Module):
     dict of weights would (``.../vars/<name>``): float32 and mixed runs restore each other's
     checkpoints."""
 
-    def __init__(self, compute: tf.DType) -> None:
+    def __init__(self, compute: tf.DType, reads: CastReads) -> None:
         super().__init__(name="vars")
         self._compute = compute
+        self._reads = reads
         self._keys: tuple[str, ...] = ()
         self._cast: tuple[str, ...] = ()
 
@@ -84,7 +86,11 @@ class CastWeights(tf.Module):
         if key not in self._keys:
             raise KeyError(key)
         var = getattr(self, key)
-        return tf.cast(var, self._compute) if key in self._cast else var
+        if key not in self._cast:
+            return var
+        if self._reads.shared is not None:
+            return self._reads.shared.read(var, self._compute)
+        return tf.cast(var, self._compute)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self[key] if key in self._keys else default
@@ -106,3 +112,55 @@ class CastWeights(tf.Module):
 
     def items(self) -> list[tuple[str, tf.Variable]]:
         return [(k, getattr(self, k)) for k in self._keys]
+
+
+class CastReads:
+    """How the weights of one task's layers are read under a mixed policy: cast at each read, or,
+    while a pipelined step builds its units (``sharing``), through that step's ``SharedCasts``.
+    One per task (its layers' ``CastWeights`` hold it), so a step's casts cover every layer it runs,
+    whoever calls it."""
+
+    def __init__(self) -> None:
+        self.shared: SharedCasts | None = None
+
+    @contextlib.contextmanager
+    def sharing(self, casts: SharedCasts) -> Iterator[None]:
+        """Within: every cast weight is read through ``casts``."""
+        before, self.shared = self.shared, casts
+        try:
+            yield
+        finally:
+            self.shared = before
+
+
+class SharedCasts:
+    """One pipelined step's casts of float32 weights to the compute dtype, each made once.
+
+    A pipeline keeps every micro-batch's forward for its backward; a weight cast inside each
+    micro-batch's forward would be kept M times (the input gradient of a product reads the cast
+    weight). Here a weight is cast the first time the step reads it, outside any gradient (a
+    ``stop_gradient``), and every read hands out that one cast through an op whose gradient is the
+    cast's (the upstream gradient cast to float32) and flows to the variable read there: each
+    micro-batch's tape still finds the variable, its weight gradient is the one a cast at use gives,
+    and the step holds one bfloat16 copy of each weight."""
+
+    def __init__(self) -> None:
+        self._casts: dict[Any, tf.Tensor] = {}
+
+    def read(self, var: tf.Variable, dtype: tf.DType) -> tf.Tensor:
+        """``var`` in ``dtype``: the step's one cast, its gradient flowing to ``var``."""
+        cast = self._casts.get(var.ref())
+        if cast is None:
+            cast = self._casts[var.ref()] = tf.cast(tf.stop_gradient(var.value()), dtype)
+        master = var.dtype.base_dtype
+
+        @tf.custom_gradient
+        def tied(value: tf.Tensor) -> Any:
+            del value  # the gradient needs none of it: the cast's gradient is a cast back
+
+            def grad(dy: tf.Tensor) -> tf.Tensor:
+                return tf.cast(dy, master)
+
+            return tf.identity(cast), grad
+
+        return tied(var.value())

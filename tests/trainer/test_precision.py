@@ -84,28 +84,90 @@ def test_float32_checkpoint_restores_under_mixed_bfloat16(convnets, tmp_path) ->
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_gpipe_hands_bfloat16_between_stages() -> None:
-    """Every float tensor a stage's forward hands to the next device is bfloat16."""
+def test_decoder_and_export_take_and_return_float32s_dtypes_under_mixed_bfloat16(convnets, tmp_path) -> None:
+    """The decoder's outputs and the SavedModel's signature (images in, classes and probabilities
+    out) have the same dtypes under mixed_bfloat16 as under float32, and agree on the classes."""
+    root = experiment.resolve("image.digits.ConvNet")
+    generator = root.input.test.instantiate()
+    batch = next(iter(generator.dataset()))
+    decoded, served = {}, {}
+    for policy, (step, _) in convnets.items():
+        out = step.task.decode(FPropContext(training=False), batch)
+        decoded[policy] = {k: v.dtype for k, v in out.items()}
+        module = tf.Module()
+        module.task = step.task
+        signature = step.task.inference(generator)["serving_default"]
+        tf.saved_model.save(module, str(tmp_path / policy), signatures=signature.get_concrete_function())
+        loaded = tf.saved_model.load(str(tmp_path / policy)).signatures["serving_default"]
+        served[policy] = loaded(images=batch["image"])
+    assert decoded["mixed_bfloat16"] == decoded["float32"], decoded
+    (f32, bf16) = (served[p] for p in ("float32", "mixed_bfloat16"))
+    assert {k: v.dtype for k, v in bf16.items()} == {k: v.dtype for k, v in f32.items()}
+    assert f32["probabilities"].dtype == tf.float32
+    assert np.mean(f32["classes"].numpy() == bf16["classes"].numpy()) >= 0.9
+
+
+def _gpipe_step() -> TrainStep:
     root = experiment.resolve(
         "image.digits.GPipeConvNet", params_override="task.precision : 'mixed_bfloat16'"
     )
     step = TrainStep(root.task, root.input.train)
     assert bool(step.run(3)[0])
+    return step
+
+
+@pytest.fixture(scope="module")
+def gpipe_step() -> TrainStep:
+    """The digits GPipeConvNet (K=2, M=4) trained 3 steps under mixed_bfloat16."""
+    return _gpipe_step()
+
+
+def _step_ops(step: TrainStep) -> list[tf.Operation]:
+    """Every op of the traced step, its functions' included."""
+    ops, graphs = [], [step.step_graph()]
+    while graphs:
+        graph = graphs.pop()
+        graphs.extend(f.graph for f in graph._functions.values() if hasattr(f, "graph"))
+        ops += graph.get_operations()
+    return ops
+
+
+def test_gpipe_hands_bfloat16_between_stages(gpipe_step) -> None:
+    """Every float tensor a stage's forward hands to the next device is bfloat16."""
 
     def index(op: tf.Operation) -> int | None:
         return tf.DeviceSpec.from_string(op.device).device_index if op.device else None
 
     handed = []
-    graphs = [step.step_graph()]
-    while graphs:
-        graph = graphs.pop()
-        graphs.extend(f.graph for f in graph._functions.values() if hasattr(f, "graph"))
-        for op in graph.get_operations():
-            for x in op.inputs:
-                src, dst = index(x.op), index(op)
-                if x.op.name.startswith("stage_0_micro_batch") and None not in (src, dst) and src != dst:
-                    handed.append(x.dtype)
+    for op in _step_ops(gpipe_step):
+        for x in op.inputs:
+            src, dst = index(x.op), index(op)
+            if x.op.name.startswith("stage_0_micro_batch") and None not in (src, dst) and src != dst:
+                handed.append(x.dtype)
     assert len(handed) == 4 and set(handed) == {tf.bfloat16}  # one per micro-batch
+
+
+def test_gpipe_casts_each_weight_once_a_step_and_trains_as_casting_at_use(gpipe_step, monkeypatch) -> None:
+    """A pipelined step casts each float32 weight to bfloat16 once (not once per micro-batch, which
+    the schedule would keep M times), and trains to the same weights as a cast at every use."""
+
+    def read_source(t: tf.Tensor) -> tf.Operation:
+        while t.op.type in ("StopGradient", "Identity"):
+            t = t.op.inputs[0]
+        return t.op
+
+    casts = [
+        op
+        for op in _step_ops(gpipe_step)
+        if op.type == "Cast" and op.get_attr("DstT") == tf.bfloat16
+        and read_source(op.inputs[0]).type == "ReadVariableOp"
+    ]  # fmt: skip
+    handles = {read_source(op.inputs[0]).inputs[0].name for op in casts}
+    assert len(handles) >= 4 and len(casts) == len(handles), [op.name for op in casts]  # one per weight
+    monkeypatch.setattr(precision.SharedCasts, "read", lambda self, var, dtype: tf.cast(var, dtype))
+    at_use = _gpipe_step()
+    for a, b in zip(gpipe_step.task.trainable_variables, at_use.task.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7, err_msg=a.name)
 
 
 def test_mixed_float16_skips_a_step_with_infinite_gradients_and_lowers_the_scale() -> None:

@@ -42,6 +42,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from layers import precision
 from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
 from layers.parallel.pipeline import schedule as schedules
@@ -81,9 +82,11 @@ class PipelineExecutor:
         meshes: StageMeshes | None = None,
         batch_dim: int = 0,
         split_ops: SplitBackwardOps | None = None,
+        cast_reads: precision.CastReads | None = None,
     ) -> None:
         self.path, self.schedule, self.stages, self.devices = path, schedule, stages, devices
         self.split_ops = split_ops  # where a traced step records its I and W units' ops (profiles)
+        self.cast_reads = cast_reads  # a mixed policy's weight reads: the step casts each weight once
         self.batch_dim = batch_dim  # where a stage mesh's data axis splits the hand-offs
         self.remat, self.ctx, self.has_head = remat, ctx, has_head
         self.meshes = meshes or StageMeshes()

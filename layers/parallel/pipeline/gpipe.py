@@ -319,6 +319,7 @@ class GPipeLayer(BaseLayer):
                 self._stage_meshes,
                 self._batch_dim,
                 self.split_backward_ops,
+                self.cast_reads,
             )
             return executor(micro, structure, head_micro, head_structure)
         where = (self.stage_devices, self._stage_meshes, self._batch_dim)

@@ -8,11 +8,13 @@ gradients and the weight sums from it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Protocol
 
 import tensorflow as tf
 
+from layers import precision
 from layers.base_layer import FPropContext
 from layers.parallel.device_choice import on
 from layers.parallel.pipeline import memory, output_grad, segment, weight_cut
@@ -47,6 +49,7 @@ class Pipeline(Protocol):
     in_step: bool
     splits_weights: bool
     split_ops: SplitBackwardOps | None
+    cast_reads: precision.CastReads | None
 
 
 @dataclasses.dataclass
@@ -89,6 +92,8 @@ class Step:
         # The pipeline's own inputs (the micro-batches, the head's): slices of tensors the step holds
         # anyway, so keeping them costs a stage nothing (``segment.segment_bytes``).
         self.arguments = {id(t) for m in ins + heads for t in m}
+        # Under a mixed precision policy each weight is cast once a step, not once a micro-batch.
+        self.casts = precision.SharedCasts()
 
     # The walk. Device d builds its units in its order, each once its inputs exist, and each unit's
     # ops wait for the end of d's previous unit, so the compiled step runs them in the schedule's
@@ -158,7 +163,7 @@ class Step:
         )
         graph = tf.compat.v1.get_default_graph() if record and not tf.executing_eagerly() else None
         before = len(graph.get_operations()) if graph is not None else 0
-        with on(self.ex.devices[d]), tf.name_scope(scope), tf.control_dependencies(after):
+        with on(self.ex.devices[d]), tf.name_scope(scope), tf.control_dependencies(after), self._sharing():
             produced = self._build_unit(op)
         if graph is not None:
             self.ex.split_ops.kind_of.update((o.name, op.kind) for o in graph.get_operations()[before:])
@@ -271,6 +276,11 @@ class Step:
         return produced
 
     # ------------------------------------------------------------------------------- helpers
+    def _sharing(self) -> Any:
+        """A unit's reads of cast weights go through the step's one cast of each."""
+        reads = self.ex.cast_reads
+        return reads.sharing(self.casts) if reads is not None else contextlib.nullcontext()
+
     def _run(
         self,
         s: int,
