@@ -76,8 +76,13 @@ def test_mixed_bfloat16_reaches_float32s_test_accuracy(convnets) -> None:
     assert abs(bf16 - f32) <= 0.005, (f32, bf16)
 
 
-def test_float32_checkpoint_restores_under_mixed_bfloat16(convnets, tmp_path) -> None:
+def test_float32_checkpoint_restores_under_mixed_bfloat16_and_back(convnets, tmp_path) -> None:
     (f32, _), (bf16, _) = convnets["float32"], convnets["mixed_bfloat16"]
+    back = experiment.resolve("image.digits.ConvNet").task.instantiate()  # a float32 task, untrained
+    mixed = tf.train.Checkpoint(task=bf16.task).write(str(tmp_path / "mixed"))
+    tf.train.Checkpoint(task=back).read(mixed).assert_existing_objects_matched()
+    for a, b in zip(bf16.task.variables, back.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
     path = tf.train.Checkpoint(task=f32.task).write(str(tmp_path / "ckpt"))
     tf.train.Checkpoint(task=bf16.task).read(path).assert_existing_objects_matched()
     for a, b in zip(f32.task.variables, bf16.task.variables):
