@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--link_mbit", type=float, default=0.0, help="the link between processes (0: measured on loopback)"
     )
+    p.add_argument(
+        "--host_cores",
+        type=int,
+        default=None,
+        help="the cores all the processes share on one host (0: each process has its own; default: "
+        "this host's usable cores with --link_mbit=0, the processes all here; 0 with a link)",
+    )
     p.add_argument("--objective", choices=("step_time", "largest"), default="step_time")
     p.add_argument("--current", action="store_true", help="predict the experiment as configured")
     p.add_argument("--json", action="store_true", help="one JSON line per plan")
@@ -67,6 +74,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--cores_per_process must be >= 1, got {args.cores_per_process}")
     if args.devices_per_process < 0:
         raise ConfigError(f"--devices_per_process must be >= 0 (0: any), got {args.devices_per_process}")
+    if args.host_cores is not None and args.host_cores < 0:
+        raise ConfigError(f"--host_cores must be >= 0 (0: each process its own), got {args.host_cores}")
     if not args.link_mbit >= 0 or args.link_mbit == float("inf"):
         raise ConfigError(f"--link_mbit must be >= 0 (0: measured), got {args.link_mbit}")
 
@@ -166,7 +175,7 @@ def plan(args: argparse.Namespace) -> int:
     start = time.monotonic()
     from params import experiment
     from trainer import preflight as trainer_preflight
-    from trainer.planning import candidates, costs, plan_file, predict
+    from trainer.planning import calibrate, candidates, costs, plan_file, predict
 
     root = experiment.resolve(args.model)
     prefix = costs.pipeline_prefix(root)
@@ -187,9 +196,18 @@ def plan(args: argparse.Namespace) -> int:
         _progress(f"costs from {path}")
     link = args.link_mbit * 1e6 / 8 if args.link_mbit else model_costs.link_bytes_per_s
     latency = model_costs.link_latency_s
+    host_cores = args.host_cores
+    if host_cores is None:
+        host_cores = 0 if args.link_mbit else len(os.sched_getaffinity(0))
+    current = current_plan(root, model_costs, prefix) if args.current else None
+    stages_possible = args.processes >= 3 if current is None else current.placement == "stage_processes"
+    if stages_possible:  # the stage processes' own costs: two short trainings, once
+        calibrate.ensure(args.model, [], prefix, model_costs, path, host_cores, _progress)
     budget = args.memory_mib
     if args.current:
-        pred = predict.predict(model_costs, current_plan(root, model_costs, prefix), link, latency)
+        pred = predict.predict(
+            model_costs, current_plan(root, model_costs, prefix), link, latency, host_cores
+        )
         if args.json:
             print(json.dumps(pred.to_json(budget or None)))
         else:
@@ -200,7 +218,7 @@ def plan(args: argparse.Namespace) -> int:
         candidates.enumerate_plans(model_costs, args.processes, args.devices_per_process, stage_mesh)
     )
     _progress(f"predicting {len(plans)} plans")
-    preds = [predict.predict(model_costs, p, link, latency) for p in plans]
+    preds = [predict.predict(model_costs, p, link, latency, host_cores) for p in plans]
     preds.sort(key=lambda p: rank_key(p, args.objective))
     fitting = [p for p in preds if not budget or p.fits(budget)]
     over = sorted((p for p in preds if budget and not p.fits(budget)), key=lambda p: p.peak_mib)

@@ -171,11 +171,34 @@ def test_remat_and_one_f_one_b_hold_less_than_fill_drain_never():
     assert pred.step_s > 0 and pred.processes[0].items["baseline"] == 100 * memory.MIB
 
 
+def test_processes_beyond_the_hosts_cores_take_turns_and_a_hand_off_pays_the_runtime():
+    """K=4 stage processes on a host of 2 cores: at most 2 stages compute at once, so the step is at
+    least half of all the units' work; with a core each (host_cores 0, or 4 of them) the stages
+    overlap. Every hand-off pays TensorFlow's crossing time and bytes per second (grpc_link), when
+    they are slower than the link's."""
+    model = costs.ModelCosts("x", 8, [100] * 4, 50, 2, 64, 16, rest_seconds=0.0, baseline_mib=100.0)
+    model.per_size = {
+        b: {"forward": [0.01 * b] * 4, "backward": [0.02 * b] * 4, "backward_input": [0.01 * b] * 4,
+            "kept_bytes": [1e6 * b] * 4, "ops": [100.0] * 4}
+        for b in (1, 2, 4, 8)
+    }  # fmt: skip
+    plan = candidates.Plan("stage_processes", 4, 8, "fill_drain", "never", (1, 2, 3))
+    work = 8 * 4 * 0.03  # M micro-batches x K stages x (forward + backward) at micro-batch 1
+    own, shared = (predict.predict(model, plan, 1e12, 0.0, cores).step_s for cores in (0, 2))
+    assert own < work / 2 <= shared
+    assert predict.predict(model, plan, 1e12, 0.0, 4).step_s == own
+    model.grpc_hop_s, model.grpc_bytes_per_s = 1e-3, 64e3  # 1 ms and 1 ms per 64-byte hand-off
+    slower = predict.predict(model, plan, 1e12, 0.0).step_s
+    # fill-drain's critical path: 2 (K - 1) hand-offs inside the pipeline, 2 to and from the trainer
+    assert slower - own == pytest.approx((2 * 3 + 2) * 2e-3, rel=0.01)
+
+
 def test_the_benchmark_checks_the_models_against_measured_runs(planned):
     """The quick form: two plans of the capacity family's tiny size trained in worker processes.
     The memory model must hold (no process more than 5% above its prediction, none 30% below: its
-    constants are fitted on a larger model); the step only roughly (the machine is shared, and a stage
-    process's dispatch of each unit is left out of the model); and the figures must all be there."""
+    constants are fitted on a larger model); the step only roughly (the machine is shared; the stage
+    processes' own costs are calibrated on this tiny model's trials); and the figures must all be
+    there."""
     env, _, _ = planned
     result = subprocess.run(
         [sys.executable, "-m", "tools.benchmark", "plan", "--quick"],
@@ -196,11 +219,8 @@ def test_the_benchmark_checks_the_models_against_measured_runs(planned):
         predicted = [sum(items.values()) for items in r["memory_mib"].values()]
         for p, m in zip(predicted, r["measured"]["peaks_mib"]):
             assert 0.7 < m / p < 1.05, (r["plan"], predicted, r["measured"]["peaks_mib"])
-        ratio = r["measured"]["step_s"] / r["step_s"]
-        if r["placement"] == "stage_processes":  # each unit's remote dispatch is not modelled: slower
-            assert ratio > 0.2, r
-        else:  # smoke sizes: milliseconds of per-call overhead, stretched by the load; an order of magnitude
-            assert 0.1 < ratio < 10, r
+        # smoke sizes: milliseconds of per-call overhead, stretched by the load; an order of magnitude
+        assert 0.1 < r["measured"]["step_s"] / r["step_s"] < 10, r
     assert set(figures) == {
         "plan_step_rank_corr", "plan_step_error_median", "plan_step_error_max", "plan_memory_error_median",
         "plan_memory_under_max", "plan_choice_vs_best", "plan_choice_vs_naive", "plan_seconds",

@@ -7,11 +7,13 @@ budget), the planner measures its costs (cached, as ``tools.plan`` does), enumer
 in-process GPipe, stage processes at K = 2 and K = 4, M from K to 4K, three schedules, remat never
 and always (fewer asked for: an even spread of that set), plus the planner's choice and the naive
 plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). Each is
-trained ``--train_steps`` steps (5) in worker processes placed as the plan says (``--worker=JSON``;
-stage processes and their trainer as ``tools.local_cluster --stages=K`` would start them), its step
-the median of the last 3, every process's peak its VmHWM. Replicas are left out of the enumeration
-here (measuring them needs the sync cluster ``tools.local_cluster --workers=R`` starts, which these
-workers do not). Figures, one JSON line each:
+trained ``--train_steps`` steps (5) in worker processes placed as the plan says
+(``trainer.planning.trial``: stage processes and their trainer as ``tools.local_cluster --stages=K``
+would start them), its step the median of the last 3, every process's peak its VmHWM. Replicas
+are left out of the enumeration here (measuring them needs the sync cluster ``tools.local_cluster
+--workers=R`` starts, which these workers do not). Before predicting, the planner's calibration
+(``trainer.planning.calibrate``: two of its K = 2 stage-process plans trained, cached with the
+costs) is run where the cache has none. Figures, one JSON line each:
 
     plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
     plan_step_error_median    median |measured / predicted - 1| of the step
@@ -31,12 +33,9 @@ its figures mean nothing).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 from tools.benchmarks import harness, lm_family
@@ -64,7 +63,7 @@ def planned_largest(
     steps with every process's peak (VmHWM) read."""
     from params import experiment
     from tools import plan as tool
-    from trainer.planning import candidates, costs, plan_file, predict
+    from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
     def say(message: str) -> None:
         if verbose:
@@ -73,10 +72,13 @@ def planned_largest(
     def best_plan(layers: int, width: int):  # noqa: ANN202
         root = experiment.resolve(MODEL, gin_bindings=bindings(layers, width, short=False))
         sizes = candidates.micro_batch_sizes(int(root.input.train.batch_size), processes)
-        model_costs, _, _ = costs.load_or_measure(root, f"{MODEL}-{layers}x{width}", sizes, say)
+        model_costs, cache, _ = costs.load_or_measure(root, f"{MODEL}-{layers}x{width}", sizes, say)
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
+        cores = len(os.sched_getaffinity(0))  # every process of the plan runs on this host
+        prefix = costs.pipeline_prefix(root)
+        calibrate.ensure(MODEL, bindings(layers, width, short=False), prefix, model_costs, cache, cores, say)
         plans = candidates.enumerate_plans(model_costs, processes)
-        preds = [predict.predict(model_costs, p, link, latency) for p in plans]
+        preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
         )
@@ -98,7 +100,7 @@ def planned_largest(
     text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
     stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
     # replicas: one replica's process is trained (each of the R the trainer starts is alike)
-    m = measure_plan(text, stages, layers, width, train_steps, timeout, short=False)
+    m = trial.measure_plan(MODEL, bindings(layers, width, short=False), text, stages, train_steps, timeout)
     peak = max(m["peaks_mib"]) if m.get("ok") else None
     trained = bool(m.get("ok")) and peak <= budget_mib
     return {
@@ -113,124 +115,6 @@ def planned_largest(
         "trained_under_budget": trained,
         "why": m.get("why"),
     }
-
-
-# ------------------------------------------------------------------------------------------ worker
-def _resolve(spec: dict):
-    from params import experiment
-
-    override = spec["plan_text"] + ("cluster.stage_job : 'worker'\n" if spec["mode"] == "stages" else "")
-    return experiment.resolve(spec["model"], gin_bindings=spec["bindings"], params_override=override)
-
-
-def run_worker(spec: dict) -> int:
-    """One process of a plan: a stage task (serves until killed) or the trainer (prints its steps)."""
-    from trainer import tf_startup
-
-    tf_startup.use_system_allocator()  # as the trainer binary's processes
-    tf_startup.import_tensorflow()
-    from params import experiment
-    from trainer import tf_settings
-    from trainer.distributed import remote_stages
-    from trainer.distributed.mesh_placement import make_train_step
-    from trainer.train_step import TrainStep
-
-    root = _resolve(spec)
-    if spec.get("stage"):
-        return remote_stages.serve(root, spec["cluster_spec"], spec["task_index"], log=lambda _: None)
-    task_params = experiment.task_params_for(root, "train")
-    if spec["mode"] == "stages":
-        stages = remote_stages.stage_cluster(root.cluster, spec["cluster_spec"])
-        tf_settings.configure(root.cluster.copy().set(num_logical_cpu_devices=1))
-        step = TrainStep(task_params, root.input.train, remote_stages.placement(stages, log=lambda _: None))
-    else:
-        tf_settings.configure(root.cluster)
-        step = make_train_step(root.cluster, task_params, root.input.train)
-    times = []
-    for _ in range(spec["train_steps"]):
-        start = time.perf_counter()
-        finite, _ = step.run(1)
-        step.placement.host(finite).numpy()
-        times.append(time.perf_counter() - start)
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, from the driver that started this
-    peak = harness.peak_rss_bytes(os.getpid()) / 2**20
-    print(json.dumps({"times": times, "peak_rss_mib": peak}), flush=True)
-    os._exit(0)
-
-
-# ------------------------------------------------------------------------------------------ driver
-def measure_plan(
-    plan_text: str,
-    stages: int,
-    layers: int,
-    width: int,
-    train_steps: int,
-    timeout: float,
-    short: bool | None = None,
-) -> dict:
-    """Trains one plan; its step (median of the last 3) and every process's peak (trainer first)."""
-    from tools import local_cluster
-
-    spec = {
-        "model": MODEL,
-        "bindings": bindings(layers, width, short),
-        "plan_text": plan_text,
-        "mode": "stages" if stages else "in_process",
-        "train_steps": train_steps,
-    }
-    specs = []
-    if stages:
-        ports = local_cluster.free_ports(stages)
-        spec["cluster_spec"] = "worker=" + ",".join(f"127.0.0.1:{p}" for p in ports)
-        specs = [dict(spec, stage=True, task_index=k) for k in range(stages)]
-    procs = []
-    with tempfile.TemporaryDirectory(prefix="plan_bench_") as tmp:
-        try:
-            for i, s in enumerate(specs + [spec]):
-                with open(f"{tmp}/{i}.out", "w") as out, open(f"{tmp}/{i}.err", "w") as err:
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "tools.benchmarks.plan", f"--worker={json.dumps(s)}"],
-                            cwd=harness.REPO_ROOT,
-                            stdout=out,
-                            stderr=err,
-                        )
-                    )
-            trainer = procs[-1]
-            stage_peaks = [0.0] * len(specs)
-            deadline = time.monotonic() + timeout
-            while trainer.poll() is None:
-                for k, proc in enumerate(procs[:-1]):
-                    if proc.poll() is None:
-                        stage_peaks[k] = max(stage_peaks[k], _peak_mib(proc.pid))
-                if time.monotonic() > deadline:
-                    return {"ok": False, "why": f"not done within {timeout:g} s"}
-                time.sleep(0.3)
-            lines = [x for x in open(f"{tmp}/{len(specs)}.out").read().splitlines() if x.startswith("{")]
-            if trainer.returncode != 0 or not lines:
-                tail = (open(f"{tmp}/{len(specs)}.err").read().strip().splitlines() or ["(no output)"])[-1]
-                return {"ok": False, "why": f"exited {trainer.returncode}: {tail[:200]}"}
-            for k, proc in enumerate(procs[:-1]):
-                stage_peaks[k] = max(stage_peaks[k], _peak_mib(proc.pid))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    result = json.loads(lines[-1])
-    times = result["times"]
-    return {
-        "ok": True,
-        "step_s": statistics.median(times[-3:]),
-        "peaks_mib": [round(result["peak_rss_mib"], 1)] + [round(p, 1) for p in stage_peaks],
-    }
-
-
-def _peak_mib(pid: int) -> float:
-    try:
-        return harness.peak_rss_bytes(pid) / 2**20
-    except (OSError, RuntimeError):
-        return 0.0
 
 
 def naive_plan(processes: int, costs):  # noqa: ANN001, ANN201
@@ -304,7 +188,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 def run(args: argparse.Namespace) -> int:
     from params import experiment
     from tools import plan as tool
-    from trainer.planning import candidates, costs, plan_file, predict
+    from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
     sizes = (
         QUICK_SIZES if args.quick else [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
@@ -323,11 +207,13 @@ def run(args: argparse.Namespace) -> int:
             if args.verbose
             else (lambda m: None)
         )
-        model_costs, _, _ = costs.load_or_measure(root, name, sample, progress)
+        model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
+        cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
+        calibrate.ensure(MODEL, bindings(layers, width), prefix, model_costs, cache, cores, progress)
         start = time.monotonic()
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         plans = list(candidates.enumerate_plans(model_costs, args.processes, max_replicas=1))
-        preds = [predict.predict(model_costs, p, link, latency) for p in plans]
+        preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
         )
@@ -338,13 +224,15 @@ def run(args: argparse.Namespace) -> int:
             picked.append(choice)
         naive = None
         if not args.quick:
-            naive = predict.predict(model_costs, naive_plan(args.processes, model_costs), link, latency)
+            naive = predict.predict(
+                model_costs, naive_plan(args.processes, model_costs), link, latency, cores
+            )
             picked.append(naive)
         measured = {}
         for pred in picked:
             text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
             stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
-            m = measure_plan(text, stages, layers, width, steps, args.timeout_s)
+            m = trial.measure_plan(MODEL, bindings(layers, width), text, stages, steps, args.timeout_s)
             measured[id(pred)] = m
             record = {"size": f"{layers}x{width}", **pred.to_json(args.budget_mib), "measured": m}
             harness.emit("plan_run", m.get("step_s"), **record)
@@ -394,10 +282,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
     parser.add_argument("--quick", action="store_true", help="One tiny size, two plans (a smoke test).")
     parser.add_argument("--verbose", action="store_true", help="Progress on stderr.")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv[1:])
-    if args.worker:
-        return run_worker(json.loads(args.worker))
     return run(args)
 
 

@@ -19,7 +19,8 @@ the traced gradient reads (the activations a backward needs), read off the graph
 the stack (embedding, loss, optimizer) is a plain training step of the whole model at the full batch
 minus its layers' forward and backward. TensorFlow's footprint is the peak resident memory of a
 fresh process that imports the trainer and runs a tiny graph function with its gradient. The link is
-a loopback TCP transfer.
+a loopback TCP transfer; a hand-off between two TensorFlow processes (its fixed time and bytes per
+second through TensorFlow's runtime) is ``grpc_link.measure``'s.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from params.hyperparams import Params
+from trainer.planning import grpc_link
 
 REPEATS = 5
 CACHE_ENV = "TENSORPIPE_CACHE_DIR"
@@ -111,6 +113,10 @@ class ModelCosts:
     baseline_mib: float = 0.0
     link_bytes_per_s: float = 0.0
     link_latency_s: float = 0.0
+    grpc_hop_s: float = 0.0  # a tensor's crossing between two TensorFlow processes (grpc_link)
+    grpc_bytes_per_s: float = 0.0
+    stage_step_s: float = -1.0  # a stage-process step's fixed cost (calibrate); < 0: unmeasured
+    stage_unit_s: float = 0.0  # and its cost per unit
     per_size: dict[int, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -373,6 +379,9 @@ def measure(
     if not costs.link_bytes_per_s:
         progress("measuring the loopback link")
         costs.link_bytes_per_s, costs.link_latency_s = measure_link()
+    if not costs.grpc_hop_s:
+        progress("measuring a hand-off between two TensorFlow processes")
+        costs.grpc_hop_s, costs.grpc_bytes_per_s = grpc_link.measure()
     return costs
 
 
@@ -389,11 +398,17 @@ def load_or_measure(
         except (ValueError, TypeError, KeyError):
             previous = None
     needed = set(sizes) | {int(root.input.train.batch_size)}
-    if previous and needed <= set(previous.per_size) and previous.rest_seconds >= 0 and previous.baseline_mib:
+    measured = previous and previous.rest_seconds >= 0 and previous.baseline_mib and previous.grpc_hop_s
+    if previous and measured and needed <= set(previous.per_size):
         return previous, path, False
     costs = measure(root, experiment_name, sorted(needed), progress, previous)
+    save(costs, path)
+    return costs, path, True
+
+
+def save(costs: ModelCosts, path: Path) -> None:
+    """Writes ``costs`` to the cache file ``path`` (atomically)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(costs.to_json())
     tmp.replace(path)
-    return costs, path, True

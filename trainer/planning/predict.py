@@ -33,6 +33,7 @@ class Prediction:
     bubble: float
     processes: list[ProcessMemory]
     bytes_sent: list[float]
+    units: int = 0  # the units of the schedule's timeline, every stage's
 
     @property
     def peak_mib(self) -> float:
@@ -90,21 +91,38 @@ def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float
     )
 
 
-def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency_s: float) -> Prediction:
-    """``plan``'s step, memory and bytes (module doc)."""
+def handoff_seconds(
+    costs: ModelCosts, num_bytes: float, link_bytes_per_s: float, link_latency_s: float
+) -> float:
+    """One hand-off of ``num_bytes`` between two processes: the slower of the link and TensorFlow's
+    runtime (``grpc_link``: a crossing's fixed time, its bytes per second), each fixed time and rate."""
+    hop = max(link_latency_s, costs.grpc_hop_s)
+    rate = min(link_bytes_per_s, costs.grpc_bytes_per_s) if costs.grpc_bytes_per_s else link_bytes_per_s
+    return hop + num_bytes / rate
+
+
+def predict(
+    costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency_s: float, host_cores: int = 0
+) -> Prediction:
+    """``plan``'s step, memory and bytes (module doc). ``host_cores``: the cores every process of the
+    plan shares (all on one host); 0: each process has its own."""
     b = plan.micro_batch(costs.batch_size)
     m, k, v = plan.num_micro_batches, plan.num_stages, plan.virtual_stages
     handoff = float(b * costs.example_bytes)
     remote = plan.placement == "stage_processes"
-    transfer = link_latency_s + handoff / link_bytes_per_s if remote else 0.0
+    transfer = handoff_seconds(costs, handoff, link_bytes_per_s, link_latency_s) if remote else 0.0
     sc = stage_costs(costs, plan, b, transfer)
     sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
+    busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
     pipelined = sim.step_time
     if not remote:  # logical devices share the process's cores: no stage runs beside another
-        pipelined = max(pipelined, sum(e.end - e.start for e in sim.events))
+        pipelined = max(pipelined, busy)
+    working = k if remote else plan.replicas  # processes computing at once
+    if host_cores and working > host_cores:  # more of them than cores: they take turns
+        pipelined = max(pipelined, busy * (plan.replicas if not remote else 1) / host_cores)
     step = pipelined + costs.rest_seconds / plan.replicas
-    if remote:
-        step += 2 * transfer
+    if remote:  # the trainer's hand-offs to the first stage and back, the runtime's own costs
+        step += 2 * transfer + max(costs.stage_step_s, 0.0) + len(sim.events) * costs.stage_unit_s
     grad_bytes = 4.0 * costs.total_params
     if plan.replicas > 1:
         r = plan.replicas
@@ -169,4 +187,4 @@ def predict(costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency
         processes = [ProcessMemory(name, total)]
         r = plan.replicas
         sent = [2 * (r - 1) / r * grad_bytes] if r > 1 else [0.0]
-    return Prediction(plan, step, sim.bubble, processes, sent)
+    return Prediction(plan, step, sim.bubble, processes, sent, len(sim.events))

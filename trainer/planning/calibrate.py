@@ -1,0 +1,79 @@
+"""What a step of stage processes costs beyond its units' compute and hand-offs, measured on this
+host for one experiment by training it for real.
+
+A unit a stage process runs goes through TensorFlow's distributed runtime, and a step of stage
+processes pays for the trainer's call into every stage task: costs the per-layer timings in one
+process (``costs``) and a crossing's time (``grpc_link``) leave out. ``measure`` trains the
+experiment as 2 stage processes (fill-drain, remat never) at two numbers of micro-batches, 2 and the
+largest up to 8 the batch allows (``trial.measure_plan``: a few steps, the median of the last 3),
+predicts each without these two terms, and solves measured = predicted + ``stage_step_s`` + units x
+``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least 0). The plans it trains
+are two of the planner's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from trainer.planning import candidates, plan_file, predict, trial
+from trainer.planning.costs import ModelCosts, Progress, save
+
+TRAIN_STEPS = 5
+TIMEOUT_S = 300.0
+
+
+def micro_batch_counts(batch: int) -> list[int]:
+    """The two M the calibration trains (one, where the batch allows only one)."""
+    ms = [m for m in candidates.divisors(batch) if 2 <= m <= 8]
+    return sorted({ms[0], ms[-1]}) if ms else []
+
+
+def measure(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    host_cores: int,
+    progress: Progress,
+) -> tuple[float, float]:
+    """(``stage_step_s``, ``stage_unit_s``) of experiment ``model`` (module doc); (0, 0) where it
+    cannot be pipelined in two stages."""
+    if costs.num_layers < 2:
+        return 0.0, 0.0
+    bare = dataclasses.replace(costs, stage_step_s=0.0, stage_unit_s=0.0)
+    cut = candidates.split_points(costs, costs.batch_size // 2, 2)
+    points = []
+    for m in micro_batch_counts(costs.batch_size):
+        plan = candidates.Plan("stage_processes", 2, m, "fill_drain", "never", cut)
+        progress(f"training {plan.name()} {TRAIN_STEPS} steps (the stage processes' own costs)")
+        text = plan_file.text(plan, pipeline_prefix, costs.batch_size)
+        run = trial.measure_plan(model, bindings, text, 2, TRAIN_STEPS, TIMEOUT_S)
+        if not run["ok"]:
+            raise RuntimeError(f"the calibration run {plan.name()} failed: {run['why']}")
+        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+        points.append((pred.units, run["step_s"] - pred.step_s))
+    if not points:
+        return 0.0, 0.0
+    (u0, e0), (u1, e1) = points[0], points[-1]
+    unit = max((e1 - e0) / (u1 - u0), 0.0) if u1 != u0 else 0.0
+    return max(e0 - unit * u0, 0.0), unit
+
+
+def ensure(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    cache: Path,
+    host_cores: int,
+    progress: Progress,
+) -> None:
+    """Measures ``costs``' stage-process terms where they are not yet (``measure``), and saves them
+    to its ``cache`` file."""
+    if costs.stage_step_s >= 0:
+        return
+    costs.stage_step_s, costs.stage_unit_s = measure(
+        model, bindings, pipeline_prefix, costs, host_cores, progress
+    )
+    save(costs, cache)
