@@ -6,18 +6,23 @@ processes pays for the trainer's call into every stage task: costs the per-layer
 process (``costs``) and a crossing's time (``grpc_link``) leave out. ``measure`` trains the
 experiment as 2 stage processes (fill-drain, remat never) at two numbers of micro-batches, 2 and the
 largest up to 8 the batch allows (``trial.measure_plan``: a few steps, the median of the last 3),
-predicts each without these two terms, and solves measured = predicted + ``stage_step_s`` + units x
-``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least 0). The plans it trains
-are two of the planner's own.
+predicts each without these terms, and solves measured = predicted + ``stage_step_s`` + units x
+``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least 0). The same trials'
+stage processes give the optimizer update's temporaries (the clipped gradients, Adam's intermediate
+tensors, each the size of a weight), which the per-layer measurements do not see: ``update_ratio``,
+the median over the stage processes of their peak (VmHWM) above its prediction, over their weights'
+bytes (at least 0). The plans it trains are two of the planner's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 
 from trainer.planning import candidates, plan_file, predict, trial
 from trainer.planning.costs import ModelCosts, Progress, save
+from trainer.planning.memory import MIB
 
 TRAIN_STEPS = 5
 TIMEOUT_S = 300.0
@@ -36,14 +41,14 @@ def measure(
     costs: ModelCosts,
     host_cores: int,
     progress: Progress,
-) -> tuple[float, float]:
-    """(``stage_step_s``, ``stage_unit_s``) of experiment ``model`` (module doc); (0, 0) where it
-    cannot be pipelined in two stages."""
+) -> tuple[float, float, float]:
+    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``) of experiment ``model`` (module doc);
+    zeros where it cannot be pipelined in two stages."""
     if costs.num_layers < 2:
-        return 0.0, 0.0
-    bare = dataclasses.replace(costs, stage_step_s=0.0, stage_unit_s=0.0)
+        return 0.0, 0.0, 0.0
+    bare = dataclasses.replace(costs, stage_step_s=0.0, stage_unit_s=0.0, update_ratio=0.0)
     cut = candidates.split_points(costs, costs.batch_size // 2, 2)
-    points = []
+    points, ratios = [], []
     for m in micro_batch_counts(costs.batch_size):
         plan = candidates.Plan("stage_processes", 2, m, "fill_drain", "never", cut)
         progress(f"training {plan.name()} {TRAIN_STEPS} steps (the stage processes' own costs)")
@@ -53,11 +58,13 @@ def measure(
             raise RuntimeError(f"the calibration run {plan.name()} failed: {run['why']}")
         pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
         points.append((pred.units, run["step_s"] - pred.step_s))
+        for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
+            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     (u0, e0), (u1, e1) = points[0], points[-1]
     unit = max((e1 - e0) / (u1 - u0), 0.0) if u1 != u0 else 0.0
-    return max(e0 - unit * u0, 0.0), unit
+    return max(e0 - unit * u0, 0.0), unit, max(statistics.median(ratios), 0.0)
 
 
 def ensure(
@@ -73,7 +80,7 @@ def ensure(
     to its ``cache`` file."""
     if costs.stage_step_s >= 0:
         return
-    costs.stage_step_s, costs.stage_unit_s = measure(
+    costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(
         model, bindings, pipeline_prefix, costs, host_cores, progress
     )
     save(costs, cache)

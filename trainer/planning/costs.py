@@ -117,6 +117,7 @@ class ModelCosts:
     grpc_bytes_per_s: float = 0.0
     stage_step_s: float = -1.0  # a stage-process step's fixed cost (calibrate); < 0: unmeasured
     stage_unit_s: float = 0.0  # and its cost per unit
+    update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
     per_size: dict[int, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
     @property

@@ -5,6 +5,9 @@
     weights      float32 variables the process owns
     gradients    their gradient sums (one float32 copy of the weights)
     optimizer    the optimizer's slots (Adam: two copies of the weights)
+    update       the update's temporaries (the clipped gradients, the optimizer's intermediate
+                 tensors): ``costs.update_ratio`` times the weights, calibrated on the experiment's
+                 own stage processes (``calibrate``)
     activations  what the schedule holds at its peak on each of the process's devices: per stage and
                  micro-batch, the bytes the stage's backward reads from its forward (remat never),
                  or the stage's input alone (re-materialized micro-batches); placed in time by the
@@ -42,6 +45,7 @@ ITEMS = (
     "weights",
     "gradients",
     "optimizer",
+    "update",
     "activations",
     "workspace",
     "graph",
@@ -65,11 +69,13 @@ class ProcessMemory:
 
 
 def state_items(costs: ModelCosts, params: float) -> dict[str, float]:
-    """Weights, gradient sums and optimizer slots of ``params`` float32 parameters."""
+    """Weights, gradient sums, optimizer slots and the update's temporaries of ``params`` float32
+    parameters."""
     return {
         "weights": 4.0 * params,
         "gradients": 4.0 * params,
         "optimizer": 4.0 * params * costs.optimizer_slots,
+        "update": 4.0 * params * costs.update_ratio,
     }
 
 
