@@ -6,18 +6,19 @@ processes pays for the trainer's call into every stage task: costs the per-layer
 process (``costs``) and a crossing's time (``grpc_link``) leave out. ``measure`` trains the
 experiment as 2 stage processes (fill-drain, remat never) at two numbers of micro-batches, 2 and the
 largest up to 8 the batch allows (``trial.measure_plan``: a few steps, the median of the last 3),
-predicts each without these terms, and solves measured = predicted + ``stage_step_s`` + units x
-``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least 0). The same trials'
-stage processes give the optimizer update's temporaries (the clipped gradients, Adam's intermediate
-tensors, each the size of a weight), which the per-layer measurements do not see: ``update_ratio``,
-the median over the stage processes of their peak (VmHWM) above its prediction, over their weights'
-bytes (at least 0). The plans it trains are two of the planner's own.
+predicts each without these terms, and solves measured = predicted + ``stage_step_s`` + n x
+``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least 0), n the units on the
+plan's critical path (a unit's cost lengthens every unit of the timeline: the stages' own overlap).
+The same trials' stage processes give the optimizer update's temporaries (the clipped gradients,
+Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
+see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
+prediction, over their weights' bytes (at least 0): the largest, as the planner's "fits" must hold
+for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it trains are two of the planner's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from pathlib import Path
 
 from trainer.planning import candidates, plan_file, predict, trial
@@ -26,6 +27,7 @@ from trainer.planning.memory import MIB
 
 TRAIN_STEPS = 5
 TIMEOUT_S = 300.0
+PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path
 
 
 def micro_batch_counts(batch: int) -> list[int]:
@@ -56,15 +58,18 @@ def measure(
         run = trial.measure_plan(model, bindings, text, 2, TRAIN_STEPS, TIMEOUT_S)
         if not run["ok"]:
             raise RuntimeError(f"the calibration run {plan.name()} failed: {run['why']}")
-        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
-        points.append((pred.units, run["step_s"] - pred.step_s))
+        link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+        pred = predict.predict(bare, plan, *link)
+        longer = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
+        on_path = (predict.predict(longer, plan, *link).step_s - pred.step_s) / PROBE_UNIT_S
+        points.append((on_path, run["step_s"] - pred.step_s))
         for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
             ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
         return 0.0, 0.0, 0.0
-    (u0, e0), (u1, e1) = points[0], points[-1]
+    (u0, e0), (u1, e1) = points[0], points[-1]  # (units on the critical path, residual)
     unit = max((e1 - e0) / (u1 - u0), 0.0) if u1 != u0 else 0.0
-    return max(e0 - unit * u0, 0.0), unit, max(statistics.median(ratios), 0.0)
+    return max(e0 - unit * u0, 0.0), unit, max(max(ratios), 0.0)
 
 
 def ensure(

@@ -33,7 +33,6 @@ class Prediction:
     bubble: float
     processes: list[ProcessMemory]
     bytes_sent: list[float]
-    units: int = 0  # the units of the schedule's timeline, every stage's
 
     @property
     def peak_mib(self) -> float:
@@ -76,16 +75,17 @@ def _bounds(plan: Plan, num_layers: int) -> list[int]:
     return [0, *plan.split_points, num_layers]
 
 
-def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float) -> Any:
-    """Each part's summed layer costs (``simulator.StageCosts``, K * v parts)."""
+def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float, unit_s: float = 0.0) -> Any:
+    """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit ``unit_s``
+    longer (a stage process's dispatch of it)."""
     figures = costs.per_size[micro_batch]
     bounds = _bounds(plan, costs.num_layers)
 
     def sums(name: str) -> list[float]:
-        return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [float(sum(figures[name][a:b])) + unit_s for a, b in zip(bounds[:-1], bounds[1:])]
 
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
-    b_w = [max(b - i, 0.0) for b, i in zip(backward, b_in)]
+    b_w = [max(b - i, 0.0) + unit_s for b, i in zip(backward, b_in)]
     return simulator.StageCosts.given(
         forward, backward, forward, transfer, backward_input=b_in, backward_weight=b_w
     )
@@ -111,7 +111,7 @@ def predict(
     handoff = float(b * costs.example_bytes)
     remote = plan.placement == "stage_processes"
     transfer = handoff_seconds(costs, handoff, link_bytes_per_s, link_latency_s) if remote else 0.0
-    sc = stage_costs(costs, plan, b, transfer)
+    sc = stage_costs(costs, plan, b, transfer, costs.stage_unit_s if remote else 0.0)
     sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
     pipelined = sim.step_time
@@ -121,8 +121,8 @@ def predict(
     if host_cores and working > host_cores:  # more of them than cores: they take turns
         pipelined = max(pipelined, busy * (plan.replicas if not remote else 1) / host_cores)
     step = pipelined + costs.rest_seconds / plan.replicas
-    if remote:  # the trainer's hand-offs to the first stage and back, the runtime's own costs
-        step += 2 * transfer + max(costs.stage_step_s, 0.0) + len(sim.events) * costs.stage_unit_s
+    if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed cost
+        step += 2 * transfer + max(costs.stage_step_s, 0.0)
     grad_bytes = 4.0 * costs.total_params
     if plan.replicas > 1:
         r = plan.replicas
@@ -187,4 +187,4 @@ def predict(
         processes = [ProcessMemory(name, total)]
         r = plan.replicas
         sent = [2 * (r - 1) / r * grad_bytes] if r > 1 else [0.0]
-    return Prediction(plan, step, sim.bubble, processes, sent, len(sim.events))
+    return Prediction(plan, step, sim.bubble, processes, sent)
