@@ -13,7 +13,8 @@ The same trials' stage processes give the optimizer update's temporaries (the cl
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
 prediction, over their weights' bytes (at least 0): the largest, as the planner's "fits" must hold
-for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it trains are two of the planner's own.
+for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it
+trains are two of the planner's own.
 """
 
 from __future__ import annotations
