@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from params.errors import UserError
 from trainer.planning import candidates, plan_file, predict, trial
 from trainer.planning.costs import ModelCosts, Progress, save
 from trainer.planning.memory import MIB
@@ -58,7 +59,7 @@ def measure(
         text = plan_file.text(plan, pipeline_prefix, costs.batch_size)
         run = trial.measure_plan(model, bindings, text, 2, TRAIN_STEPS, TIMEOUT_S)
         if not run["ok"]:
-            raise RuntimeError(f"the calibration run {plan.name()} failed: {run['why']}")
+            raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
         link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
         pred = predict.predict(bare, plan, *link)
         longer = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from params.errors import UserError
 from trainer.planning import trial
 
 HOPS = 20
@@ -102,6 +103,6 @@ def measure() -> tuple[float, float]:
         server.wait()
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
-        raise RuntimeError(f"the gRPC hand-off measurement failed: {out.stderr.strip()[-300:]}")
+        raise UserError(f"the gRPC hand-off measurement failed: {out.stderr.strip()[-300:]}")
     figures = json.loads(lines[-1])
     return float(figures["hop_s"]), float(figures["bytes_per_s"])
