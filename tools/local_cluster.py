@@ -32,12 +32,10 @@ the cluster noticed), then are killed. The exit status is the first non-zero one
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tools import local_hosts
+from trainer.planning.trial import free_ports  # noqa: F401 (tools and tests take it from here)
 
 HOST = "127.0.0.1"
 
@@ -64,15 +63,6 @@ class Task:
     @property
     def name(self) -> str:
         return f"{self.job}:{self.index}"
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now (held open together, so no two are equal)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def cluster_spec(workers: int, ps: int, ports: Sequence[int], host: str = HOST) -> str:

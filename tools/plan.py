@@ -204,10 +204,8 @@ def plan(args: argparse.Namespace) -> int:
     if stages_possible:  # the stage processes' own costs: two short trainings, once
         calibrate.ensure(args.model, [], prefix, model_costs, path, host_cores, _progress)
     budget = args.memory_mib
-    if args.current:
-        pred = predict.predict(
-            model_costs, current_plan(root, model_costs, prefix), link, latency, host_cores
-        )
+    if current is not None:
+        pred = predict.predict(model_costs, current, link, latency, host_cores)
         if args.json:
             print(json.dumps(pred.to_json(budget or None)))
         else:

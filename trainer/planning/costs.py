@@ -399,8 +399,8 @@ def load_or_measure(
         except (ValueError, TypeError, KeyError):
             previous = None
     needed = set(sizes) | {int(root.input.train.batch_size)}
-    measured = previous and previous.rest_seconds >= 0 and previous.baseline_mib and previous.grpc_hop_s
-    if previous and measured and needed <= set(previous.per_size):
+    complete = previous is not None and previous.rest_seconds >= 0 and previous.baseline_mib > 0
+    if complete and previous.grpc_hop_s > 0 and needed <= set(previous.per_size):
         return previous, path, False
     costs = measure(root, experiment_name, sorted(needed), progress, previous)
     save(costs, path)

@@ -117,9 +117,9 @@ def predict(
     pipelined = sim.step_time
     if not remote:  # logical devices share the process's cores: no stage runs beside another
         pipelined = max(pipelined, busy)
-    working = k if remote else plan.replicas  # processes computing at once
+    working, work = (k, busy) if remote else (plan.replicas, busy * plan.replicas)  # processes computing
     if host_cores and working > host_cores:  # more of them than cores: they take turns
-        pipelined = max(pipelined, busy * (plan.replicas if not remote else 1) / host_cores)
+        pipelined = max(pipelined, work / host_cores)
     step = pipelined + costs.rest_seconds / plan.replicas
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed cost
         step += 2 * transfer + max(costs.stage_step_s, 0.0)
