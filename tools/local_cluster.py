@@ -24,9 +24,12 @@ ps), ``--mode=async`` (``--ps`` > 0: a controller, the trainers and the paramete
 ``--mode=mesh`` (``--mesh``: the experiment's DTensor mesh spread over ``--workers`` processes), the
 right ``--cluster_spec``, ``--job`` and ``--task_index``, and prints every output line prefixed with
 the process's name (``[trainer:1] ...``). Before starting, it prints each process's command: the ones
-to run on real machines, with real host names. Ctrl-C (or SIGTERM) is forwarded to every process. When
+to run on real machines, with real host names. Ctrl-C (or SIGTERM) is forwarded to every process, which
+then get ``--grace_seconds`` to stop (a process blocked inside TensorFlow's runtime, waiting for a peer
+that already stopped, cannot answer a signal), then are killed; the tool's one line names them. When
 one process exits with an error, the others get ``--grace_seconds`` to stop on their own (they should:
-the cluster noticed), then are killed. The exit status is the first non-zero one, else 0.
+the cluster noticed), then are killed. The exit status is the first non-zero one, else 0 (128 + the
+signal's number after a forwarded signal).
 """
 
 from __future__ import annotations
@@ -210,6 +213,7 @@ def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | No
         pumps.append(pump)
 
     received: list[int] = []  # signals forwarded: then the cluster's status is the signal's, in one line
+    killed: list[str] = []  # the tasks still running ``grace_seconds`` after a failure or a signal
 
     def forward(signum: int, frame: object) -> None:
         del frame
@@ -221,7 +225,7 @@ def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | No
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 0
     try:
-        status = _wait(cluster, grace_seconds, received)
+        status = _wait(cluster, grace_seconds, received, killed)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -233,12 +237,15 @@ def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | No
             pump.join(timeout=5)
     if received:
         what = "terminated by SIGTERM" if received[0] == signal.SIGTERM else "interrupted"
-        print(f"local_cluster: {what}; forwarded to every process", file=sys.stderr, flush=True)
+        late = f"; killed {', '.join(killed)} {grace_seconds:g} s after it" if killed else ""
+        print(f"local_cluster: {what}; forwarded to every process{late}", file=sys.stderr, flush=True)
         return 128 + received[0]
     return status
 
 
-def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int] = ()) -> int:
+def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int], killed: list[str]) -> int:
+    """Waits for every task; returns the cluster's status. The tasks still running ``grace_seconds``
+    after the first failure or forwarded signal are killed and their names added to ``killed``."""
     status, deadline = 0, None
     stopping = False
     while True:
@@ -247,6 +254,8 @@ def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int] = (
             stopping = True  # the controller is done: the servers have nothing left to serve
             for t in running:
                 t.proc.terminate()
+        if received and deadline is None:
+            deadline = time.monotonic() + grace_seconds
         for t in cluster:
             code = t.proc.returncode
             if code not in (None, 0) and status == 0 and not (stopping and t.server):
@@ -258,8 +267,10 @@ def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int] = (
         if not running:
             return status
         if deadline is not None and time.monotonic() > deadline:
-            names = ", ".join(t.name for t in running)
-            print(f"local_cluster: stopping {names} ({grace_seconds:g} s after the failure)", file=sys.stderr)
+            killed.extend(t.name for t in running)
+            if not received:  # after a signal, run()'s one line names them
+                names = ", ".join(killed)
+                print(f"local_cluster: stopping {names} ({grace_seconds:g} s after the failure)", file=sys.stderr)
             for t in running:
                 t.proc.kill()
             deadline = float("inf")
@@ -305,7 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--grace_seconds",
         type=float,
         default=60.0,
-        help="After one process fails, wait this long for the rest.",
+        help="After one process fails, or Ctrl-C / SIGTERM is forwarded, wait this long for the rest, "
+        "then kill them.",
     )
     args, rest = parser.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
