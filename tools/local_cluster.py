@@ -270,7 +270,8 @@ def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int], ki
             killed.extend(t.name for t in running)
             if not received:  # after a signal, run()'s one line names them
                 names = ", ".join(killed)
-                print(f"local_cluster: stopping {names} ({grace_seconds:g} s after the failure)", file=sys.stderr)
+                after = f"{grace_seconds:g} s after the failure"
+                print(f"local_cluster: stopping {names} ({after})", file=sys.stderr)
             for t in running:
                 t.proc.kill()
             deadline = float("inf")
