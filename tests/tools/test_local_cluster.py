@@ -29,7 +29,7 @@ _CLUSTER = textwrap.dedent(
     """
     import signal, sys
     from tools import local_cluster
-    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready'); time.sleep(99)"
+    deaf = "import signal as s, time; s.signal(s.SIGTERM, s.SIG_IGN); print('ready'); time.sleep(99)"
     plain = "import time; print('ready'); time.sleep(120)"
     tasks = [local_cluster.Task("trainer", i, [sys.executable, "-c", c]) for i, c in enumerate([deaf, plain])]
     sys.exit(local_cluster.run(tasks, grace_seconds=1.0))
