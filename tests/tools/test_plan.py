@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.planning import candidates, costs, memory, predict
+from trainer.planning import candidates, costs, memory, plan_file, predict
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = """
@@ -126,6 +126,35 @@ def test_refusals_are_one_line_and_exit_2(planned, flags, message):
     assert "Traceback" not in result.stderr
     if "fits" in message:
         assert "needs" in lines[0] and "MiB more in process" in lines[0]
+
+
+MESH_LM = "lm.synthetic.StageMeshTransformerLM"  # configured as 2 stages x a 2-way 'model' mesh
+MESH_KNOBS = ["model_dim = 16", "hidden_dim = 32", "num_heads = 2", "batch_size = 8", "seq_length = 8"]
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        candidates.Plan("logical", 2, 2, "fill_drain", "never", (2,)),
+        candidates.Plan("pipeline_mesh", 1, 2, "fill_drain", "never", (), stage_mesh=2),
+    ],
+    ids=["plain_devices", "one_stage_on_a_mesh"],
+)
+def test_a_plan_file_places_a_stage_mesh_experiment_as_the_plan_says(plan, tmp_path):
+    """The plan file overrides whatever stage mesh the experiment configures: the trainer places
+    a plain-device plan on plain devices, a mesh plan on its mesh."""
+    path = tmp_path / "plan.txt"
+    path.write_text(plan_file.text(plan, "stack.pipeline", 8))
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", f"--model={MESH_LM}", "--mode=inspect_placement",
+         f"--logdir={tmp_path / 'run'}", f"--params_file_override={path}",
+         *(f"--gin_param=StageMeshTransformerLM.{k}" for k in MESH_KNOBS)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    devices = plan.num_stages * plan.stage_mesh
+    assert all(f"CPU:{d}  " in result.stdout for d in range(devices)), result.stdout
+    assert f"CPU:{devices}  " not in result.stdout, result.stdout
 
 
 def test_enumeration_stays_within_what_the_trainer_accepts():

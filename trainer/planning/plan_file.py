@@ -22,8 +22,13 @@ def lines(plan: Plan, pipeline_prefix: str, batch_size: int) -> dict[str, object
         f"{p}.split_points": list(plan.split_points),
         f"{p}.schedule_file": "",
     }
-    if plan.placement == "pipeline_mesh":
+    if plan.placement == "pipeline_mesh":  # a 'model' axis; the experiment's stage_layout_rules shard it
         keys[f"{p}.stage_mesh_shape"] = [plan.stage_mesh]
+        keys[f"{p}.stage_mesh_axis_names"] = ["model"]
+    else:  # plain devices, whatever stage mesh the experiment configures
+        keys[f"{p}.stage_mesh_shape"] = []
+        keys[f"{p}.stage_mesh_axis_names"] = []
+        keys[f"{p}.stage_layout_rules"] = ""
     devices = plan.num_stages * plan.stage_mesh if plan.placement != "stage_processes" else plan.num_stages
     keys["cluster.num_logical_cpu_devices"] = devices if devices > 1 else 0
     return keys
