@@ -203,6 +203,14 @@ def plan(args: argparse.Namespace) -> int:
     stages_possible = args.processes >= 3 if current is None else current.placement == "stage_processes"
     if stages_possible:  # the stage processes' own costs: two short trainings, once
         calibrate.ensure(args.model, [], prefix, model_costs, path, host_cores, _progress)
+    stage_mesh = bool(root.task.get(prefix).get("stage_layout_rules"))
+    if current is None:
+        plans = list(
+            candidates.enumerate_plans(model_costs, args.processes, args.devices_per_process, stage_mesh)
+        )
+    meshes = [p.stage_mesh for p in ([current] if current else plans) if p.placement == "pipeline_mesh"]
+    # a stage mesh's own costs: two short trainings per mesh size, once
+    calibrate.ensure_mesh(args.model, [], prefix, model_costs, path, meshes, host_cores, _progress)
     budget = args.memory_mib
     if current is not None:
         pred = predict.predict(model_costs, current, link, latency, host_cores)
@@ -211,10 +219,6 @@ def plan(args: argparse.Namespace) -> int:
         else:
             _show(pred, budget)
         return 0
-    stage_mesh = bool(root.task.get(prefix).get("stage_layout_rules")) if prefix else False
-    plans = list(
-        candidates.enumerate_plans(model_costs, args.processes, args.devices_per_process, stage_mesh)
-    )
     _progress(f"predicting {len(plans)} plans")
     preds = [predict.predict(model_costs, p, link, latency, host_cores) for p in plans]
     preds.sort(key=lambda p: rank_key(p, args.objective))

@@ -222,6 +222,36 @@ def test_processes_beyond_the_hosts_cores_take_turns_and_a_hand_off_pays_the_run
     assert slower - own == pytest.approx((2 * 3 + 2) * 2e-3, rel=0.01)
 
 
+def test_a_stage_mesh_holds_every_weight_in_its_process_and_pays_its_calibrated_terms():
+    """Pipeline x mesh in one process: the S devices of a stage mesh hold the stage's weights between
+    them, all in the process; DTensor's own memory is the calibrated fixed part plus a part per graph
+    node, its step the calibrated fixed cost plus one per unit (each of the K x M forwards and
+    backwards, all in turn on the process's cores)."""
+    model = costs.ModelCosts("x", 8, [100] * 4, 50, 2, 64, 16, rest_seconds=0.0, baseline_mib=100.0)
+    model.per_size = {
+        b: {"forward": [0.01] * 4, "backward": [0.02] * 4, "backward_input": [0.01] * 4,
+            "kept_bytes": [1e6] * 4, "ops": [100.0] * 4}
+        for b in (1, 2, 4, 8)
+    }  # fmt: skip
+    plain, meshed = (
+        candidates.Plan(placement, 2, 4, "fill_drain", "never", (2,), stage_mesh=s)
+        for placement, s in [("logical", 1), ("pipeline_mesh", 2)]
+    )
+    before = predict.predict(model, meshed, 1e9, 0.0)
+    assert (
+        before.processes[0].items["weights"]
+        == predict.predict(model, plain, 1e9, 0.0).processes[0].items["weights"]
+        == 4.0 * (400 + 50)  # the layers and the rest (embedding, softmax)
+    )
+    assert "mesh" not in before.processes[0].items  # uncalibrated: nothing added
+    model.mesh["2"] = {"step_s": 0.5, "unit_s": 0.01, "fixed_bytes": 3e6, "node_bytes": 10.0}
+    after = predict.predict(model, meshed, 1e9, 0.0)
+    nodes = 2 * 4 * 200.0  # M micro-batches x (each stage's two layers' ops)
+    assert after.processes[0].items["mesh"] == pytest.approx(3e6 + 10.0 * nodes)
+    assert after.step_s - before.step_s == pytest.approx(0.5 + 2 * 4 * 2 * 0.01)  # K x M x (F, B)
+    assert "mesh" not in predict.predict(model, plain, 1e9, 0.0).processes[0].items
+
+
 def test_the_benchmark_checks_the_models_against_measured_runs(planned):
     """The quick form: two plans of the capacity family's tiny size trained in worker processes.
     The memory model must hold (no process more than 5% above its prediction, none 30% below: its

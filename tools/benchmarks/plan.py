@@ -41,17 +41,19 @@ import time
 from tools.benchmarks import harness, lm_family
 
 SIZES = [(8, 128), (8, 512)]
+MESH_SIZES = [(8, 128)]
 QUICK_SIZES = [(2, 32)]
 MODEL = "lm.synthetic.GPipeTransformerLM"
+MESH_MODEL = "lm.synthetic.StageMeshTransformerLM"  # the family with stage meshes (untied, unfused)
 
 
-def bindings(layers: int, width: int, short: bool | None = None) -> list[str]:
+def bindings(layers: int, width: int, short: bool | None = None, model: str = MODEL) -> list[str]:
     """The capacity family's gin bindings at one size (``short``, default below 8 layers: sequences
-    of 16, the quick form's)."""
+    of 16, the quick form's) for ``model`` (the family, or its stage-mesh form ``MESH_MODEL``)."""
     knobs = dict(lm_family.BASE, num_layers=layers, model_dim=width, hidden_dim=4 * width)
     if short or (short is None and layers < 8):
         knobs["seq_length"] = 16
-    return [f"GPipeTransformerLM.{k} = {v}" for k, v in knobs.items()]
+    return [f"{model.rsplit('.', 1)[-1]}.{k} = {v}" for k, v in knobs.items()]
 
 
 def planned_largest(
@@ -128,12 +130,11 @@ def naive_plan(processes: int, costs):  # noqa: ANN001, ANN201
     return candidates.Plan("stage_processes", k, k, "fill_drain", "never", cut)
 
 
-def pick(preds: list, count: int, quick: bool) -> list:
-    """Plans covering the figures' ground (module doc), best-predicted first within each group."""
+def _taker(preds: list, chosen: list):  # noqa: ANN202
+    """``take(test, n)``: adds the n best-predicted plans of ``preds`` passing ``test`` to ``chosen``."""
     by_step = sorted(preds, key=lambda p: p.step_s)
-    chosen: list = []
 
-    def take(test, n: int = 1) -> None:
+    def take(test, n: int = 1) -> None:  # noqa: ANN001
         for p in by_step:
             if n == 0:
                 return
@@ -141,6 +142,36 @@ def pick(preds: list, count: int, quick: bool) -> list:
                 chosen.append(p)
                 n -= 1
 
+    return take
+
+
+def pick_mesh(preds: list) -> list:
+    """The stage-mesh family's plans: one stage on a mesh of 2 (M = 1, 2, 4; remat never and
+    always) and of 4, pipeline 2 x mesh 2 (M = 2, 4, 8; three schedules), and two on plain devices."""
+    chosen: list = []
+    take = _taker(preds, chosen)
+    for k, s, m, sched, remat in [
+        (1, 2, 1, "fill_drain", "never"), (1, 2, 2, "fill_drain", "never"), (1, 2, 4, "fill_drain", "always"),
+        (1, 4, 1, "fill_drain", "never"), (1, 4, 4, "fill_drain", "never"),
+        (2, 2, 2, "fill_drain", "never"), (2, 2, 4, "one_f_one_b", "never"), (2, 2, 4, "zb_h1", "always"),
+        (2, 2, 8, "one_f_one_b", "never"), (2, 2, 8, "fill_drain", "always"),
+    ]:  # fmt: skip
+        take(
+            lambda q, k=k, s=s, m=m, sched=sched, remat=remat: (
+                q.placement == "pipeline_mesh"
+                and (q.num_stages, q.stage_mesh, q.num_micro_batches, q.schedule, q.remat)
+                == (k, s, m, sched, remat)
+            )
+        )
+    take(lambda q: q.placement == "one_process")
+    take(lambda q: q.placement == "logical" and q.num_stages == 2)
+    return chosen
+
+
+def pick(preds: list, count: int, quick: bool) -> list:
+    """Plans covering the figures' ground (module doc), best-predicted first within each group."""
+    chosen: list = []
+    take = _taker(preds, chosen)
     if quick:
         take(lambda q: q.placement == "logical" and q.num_stages == 2)
         take(lambda q: q.placement == "stage_processes" and q.num_stages == 2)
@@ -190,17 +221,21 @@ def run(args: argparse.Namespace) -> int:
     from tools import plan as tool
     from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
-    sizes = (
-        QUICK_SIZES if args.quick else [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-    )
+    def parse(sizes: str) -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, b in (x.split("x") for x in sizes.split(",") if x)]
+
+    families = [(MODEL, size) for size in (QUICK_SIZES if args.quick else parse(args.sizes))]
+    families += [] if args.quick else [(MESH_MODEL, size) for size in parse(args.mesh_sizes)]
     steps = 3 if args.quick else args.train_steps
     records = []
     plan_seconds = []
     choice_ratio, naive_ratio = [], []
-    for layers, width in sizes:
-        root = experiment.resolve(MODEL, gin_bindings=bindings(layers, width))
+    for model, (layers, width) in families:
+        meshed = model == MESH_MODEL
+        gin = bindings(layers, width, model=model)
+        root = experiment.resolve(model, gin_bindings=gin)
         prefix = costs.pipeline_prefix(root)
-        name = f"{MODEL}-{layers}x{width}"
+        name = f"{model}-{layers}x{width}"
         sample = candidates.micro_batch_sizes(int(root.input.train.batch_size), args.processes)
         progress = (
             (lambda m: print(f"plan benchmark: {m}", file=sys.stderr, flush=True))
@@ -209,21 +244,28 @@ def run(args: argparse.Namespace) -> int:
         )
         model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
         cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
-        calibrate.ensure(MODEL, bindings(layers, width), prefix, model_costs, cache, cores, progress)
-        start = time.monotonic()
+        calibrate.ensure(model, gin, prefix, model_costs, cache, cores, progress)
+        enumerated = candidates.enumerate_plans(
+            model_costs, args.processes, stage_mesh=meshed, max_replicas=1
+        )
+        meshes = [p.stage_mesh for p in enumerated if p.placement == "pipeline_mesh"]
+        calibrate.ensure_mesh(model, gin, prefix, model_costs, cache, meshes, cores, progress)
+        start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
-        plans = list(candidates.enumerate_plans(model_costs, args.processes, max_replicas=1))
+        plans = list(
+            candidates.enumerate_plans(model_costs, args.processes, stage_mesh=meshed, max_replicas=1)
+        )
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
         )
         plan_seconds.append(time.monotonic() - start)
-        picked = pick(preds, 2 if args.quick else args.plans, args.quick)
+        picked = pick_mesh(preds) if meshed else pick(preds, 2 if args.quick else args.plans, args.quick)
         choice = fitting[0] if fitting else None
         if choice is not None and choice not in picked:
             picked.append(choice)
         naive = None
-        if not args.quick:
+        if not args.quick and not meshed:
             naive = predict.predict(
                 model_costs, naive_plan(args.processes, model_costs), link, latency, cores
             )
@@ -232,9 +274,10 @@ def run(args: argparse.Namespace) -> int:
         for pred in picked:
             text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
             stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
-            m = trial.measure_plan(MODEL, bindings(layers, width), text, stages, steps, args.timeout_s)
+            m = trial.measure_plan(model, gin, text, stages, steps, args.timeout_s)
             measured[id(pred)] = m
-            record = {"size": f"{layers}x{width}", **pred.to_json(args.budget_mib), "measured": m}
+            size = f"{layers}x{width}" + (" stage-mesh form" if meshed else "")
+            record = {"size": size, **pred.to_json(args.budget_mib), "measured": m}
             harness.emit("plan_run", m.get("step_s"), **record)
             if m["ok"]:
                 records.append((pred, m))
@@ -279,6 +322,11 @@ def main(argv: list[str]) -> int:
         help="Plans trained per size (the choice and the naive plan besides).",
     )
     parser.add_argument("--train_steps", type=int, default=5, help="Steps each plan trains.")
+    parser.add_argument(
+        "--mesh_sizes",
+        default=",".join(f"{a}x{b}" for a, b in MESH_SIZES),
+        help="Sizes checked in the family's stage-mesh form (mesh and pipeline x mesh plans); '' for none.",
+    )
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
     parser.add_argument("--quick", action="store_true", help="One tiny size, two plans (a smoke test).")
     parser.add_argument("--verbose", action="store_true", help="Progress on stderr.")

@@ -15,6 +15,14 @@ see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM
 prediction, over their weights' bytes (at least 0): the largest, as the planner's "fits" must hold
 for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it
 trains are two of the planner's own.
+
+A stage on a DTensor mesh of S logical devices costs what the unsharded per-layer measurements do
+not see either: DTensor's runtime, the tensors every device of the mesh keeps whole, a graph per
+device, the collectives. ``measure_mesh`` trains the experiment as one stage on a mesh of S (in one
+process, fill-drain, remat never) at M = 1 and the largest M up to 8 the batch allows, and solves
+the same two equations for the step (``step_s``, ``unit_s``) and, for memory, measured peak =
+predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes: the traced step's op count, which M
+multiplies). Pipeline x mesh plans with S-device stage meshes use the terms of S.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from pathlib import Path
 from params.errors import UserError
 from trainer.planning import candidates, plan_file, predict, trial
 from trainer.planning.costs import ModelCosts, Progress, save
-from trainer.planning.memory import MIB
+from trainer.planning.memory import GRAPH_NODE_BYTES, MIB
 
 TRAIN_STEPS = 5
 TIMEOUT_S = 300.0
@@ -36,6 +44,14 @@ def micro_batch_counts(batch: int) -> list[int]:
     """The two M the calibration trains (one, where the batch allows only one)."""
     ms = [m for m in candidates.divisors(batch) if 2 <= m <= 8]
     return sorted({ms[0], ms[-1]}) if ms else []
+
+
+def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed, per) with residual = fixed + per x n through the first and last (n, residual) points,
+    each at least 0."""
+    (n0, r0), (n1, r1) = points[0], points[-1]
+    per = max((r1 - r0) / (n1 - n0), 0.0) if n1 != n0 else 0.0
+    return max(r0 - per * n0, 0.0), per
 
 
 def measure(
@@ -69,9 +85,8 @@ def measure(
             ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
         return 0.0, 0.0, 0.0
-    (u0, e0), (u1, e1) = points[0], points[-1]  # (units on the critical path, residual)
-    unit = max((e1 - e0) / (u1 - u0), 0.0) if u1 != u0 else 0.0
-    return max(e0 - unit * u0, 0.0), unit, max(max(ratios), 0.0)
+    step_s, unit_s = _solve(points)  # points: (units on the critical path, residual)
+    return step_s, unit_s, max(max(ratios), 0.0)
 
 
 def ensure(
@@ -91,3 +106,65 @@ def ensure(
         model, bindings, pipeline_prefix, costs, host_cores, progress
     )
     save(costs, cache)
+
+
+def measure_mesh(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    stage_mesh: int,
+    host_cores: int,
+    progress: Progress,
+) -> dict[str, float]:
+    """A stage mesh of ``stage_mesh`` devices' terms (module doc): step_s, unit_s, fixed_bytes,
+    node_bytes."""
+    bare = dataclasses.replace(costs, mesh={})
+    ms = candidates.divisors(costs.batch_size)
+    steps, memory = [], []
+    for m in sorted({1, max(x for x in ms if x <= 8)}):
+        plan = candidates.Plan("pipeline_mesh", 1, m, "fill_drain", "never", (), stage_mesh=stage_mesh)
+        progress(f"training {plan.name()} {TRAIN_STEPS} steps (a stage mesh's own costs)")
+        run = trial.measure_plan(
+            model,
+            bindings,
+            plan_file.text(plan, pipeline_prefix, costs.batch_size),
+            0,
+            TRAIN_STEPS,
+            TIMEOUT_S,
+        )
+        if not run["ok"]:
+            raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
+        link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+        probe = {
+            str(stage_mesh): {"step_s": 0.0, "unit_s": PROBE_UNIT_S, "fixed_bytes": 0.0, "node_bytes": 0.0}
+        }
+        pred = predict.predict(bare, plan, *link)
+        on_path = predict.predict(dataclasses.replace(bare, mesh=probe), plan, *link).step_s - pred.step_s
+        steps.append((on_path / PROBE_UNIT_S, run["step_s"] - pred.step_s))
+        process = pred.processes[0]
+        nodes = process.items["graph"] / GRAPH_NODE_BYTES["in_process"]
+        memory.append((nodes, run["peaks_mib"][0] * MIB - process.total))
+    step_s, unit_s = _solve(steps)
+    fixed_bytes, node_bytes = _solve(memory)
+    return {"step_s": step_s, "unit_s": unit_s, "fixed_bytes": fixed_bytes, "node_bytes": node_bytes}
+
+
+def ensure_mesh(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    cache: Path,
+    stage_meshes: list[int],
+    host_cores: int,
+    progress: Progress,
+) -> None:
+    """Measures the terms of each stage-mesh size of ``stage_meshes`` not yet in ``costs``
+    (``measure_mesh``), saving each to the ``cache`` file."""
+    for size in sorted(set(stage_meshes)):
+        if str(size) not in costs.mesh:
+            costs.mesh[str(size)] = measure_mesh(
+                model, bindings, pipeline_prefix, costs, size, host_cores, progress
+            )
+            save(costs, cache)

@@ -118,6 +118,9 @@ class ModelCosts:
     stage_step_s: float = -1.0  # a stage-process step's fixed cost (calibrate); < 0: unmeasured
     stage_unit_s: float = 0.0  # and its cost per unit
     update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
+    # per stage-mesh size S (str(S)): what a stage on a DTensor mesh costs beyond its unsharded
+    # layers (calibrate.measure_mesh): step_s, unit_s, fixed_bytes, node_bytes
+    mesh: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     per_size: dict[int, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
     @property

@@ -17,6 +17,9 @@
     graph        the traced step's graph: its op count (each layer's measured gradient graph, per
                  micro-batch and unit) times ``GRAPH_NODE_BYTES`` of the process's kind
     all_reduce   replicas: one more copy of the gradients, the all-reduce's buffer
+    mesh         stages on a DTensor mesh of S devices: what DTensor keeps beyond the unsharded
+                 layers' items (its runtime, the replicated tensors, the per-device graphs), a fixed
+                 part and a part per graph node, calibrated for each S (``calibrate.measure_mesh``)
 
 What it leaves out is in docs/plan.md.
 """
@@ -50,6 +53,7 @@ ITEMS = (
     "workspace",
     "graph",
     "all_reduce",
+    "mesh",
 )
 
 

@@ -8,8 +8,10 @@ the link's bandwidth; plus the step outside the stack (embedding, loss, optimize
 full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
 over the link). Logical devices of one process share its cores, so an in-process pipeline's step is
-at least the sum of all its units (its stages overlap only across processes). Memory: ``memory``'s
-items per process.
+at least the sum of all its units (its stages overlap only across processes). Stage processes and
+stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost a step and a cost
+per unit. Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process
+(every weight whole across its S devices), plus its calibrated ``mesh`` item.
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ def predict(
     handoff = float(b * costs.example_bytes)
     remote = plan.placement == "stage_processes"
     transfer = handoff_seconds(costs, handoff, link_bytes_per_s, link_latency_s) if remote else 0.0
-    sc = stage_costs(costs, plan, b, transfer, costs.stage_unit_s if remote else 0.0)
+    meshed = costs.mesh.get(str(plan.stage_mesh), {}) if plan.placement == "pipeline_mesh" else {}
+    unit_s = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)
+    sc = stage_costs(costs, plan, b, transfer, unit_s)
     sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
     pipelined = sim.step_time
@@ -120,7 +124,7 @@ def predict(
     working, work = (k, busy) if remote else (plan.replicas, busy * plan.replicas)  # processes computing
     if host_cores and working > host_cores:  # more of them than cores: they take turns
         pipelined = max(pipelined, work / host_cores)
-    step = pipelined + costs.rest_seconds / plan.replicas
+    step = pipelined + costs.rest_seconds / plan.replicas + meshed.get("step_s", 0.0)
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed cost
         step += 2 * transfer + max(costs.stage_step_s, 0.0)
     grad_bytes = 4.0 * costs.total_params
@@ -145,7 +149,7 @@ def predict(
     for d in range(k):
         parts = [s for s in range(len(full)) if s % k == d]
         layers = [i for s in parts for i in range(bounds[s], bounds[s + 1])]
-        params = float(sum(costs.layer_params[i] for i in layers)) / plan.stage_mesh
+        params = float(sum(costs.layer_params[i] for i in layers))  # a stage mesh's shards: one process
         work = max(kept[i] for i in layers)
         if plan.remat != "never":
             work += max(full[s] for s in parts)
@@ -181,6 +185,8 @@ def predict(
             items["graph"] *= node_bytes["in_process"]
             for key, value in items.items():
                 total[key] = total.get(key, 0.0) + value
+        if meshed:
+            total["mesh"] = meshed["fixed_bytes"] + meshed["node_bytes"] * nodes
         if plan.replicas > 1:
             total["all_reduce"] = grad_bytes
         name = "process" if plan.replicas == 1 else "each replica"
