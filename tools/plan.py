@@ -236,10 +236,7 @@ def plan(args: argparse.Namespace) -> int:
     out_path = Path.cwd() / f"plan_{args.model}.txt"
     chosen = None
     for pred in fitting[:3]:
-        out_path.write_text(
-            plan_file.text(pred.plan, prefix, batch)
-            + f"cluster.intra_op_threads : {args.cores_per_process}\n"
-        )
+        out_path.write_text(plan_file.text(pred.plan, prefix, batch, args.cores_per_process))
         _progress(f"checking {pred.plan.name()} with the trainer's preflight")
         refusal = preflight(args.model, out_path)
         if refusal is None:

@@ -2,11 +2,16 @@
 
 On the capacity benchmark's Transformer LM family (``lm_family.LADDER``, ``lm_family.BASE``: 8 layers,
 sequences of 128, batch 8) at two sizes (``SIZES``: a small one, one near a 2 GiB per-process
-budget), the planner measures its costs (cached, as ``tools.plan`` does), enumerates its plans for
-``--processes`` processes and predicts each one; ``pick`` takes ``--plans`` of them (24) covering
-in-process GPipe, stage processes at K = 2 and K = 4, M from K to 4K, three schedules, remat never
-and always (fewer asked for: an even spread of that set), plus the planner's choice and the naive
-plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). Each is
+budget), the planner measures its costs (cached, as ``tools.plan`` does, with its default one
+thread per op, ``CORES_PER_PROCESS``, which every plan trained here sets too), enumerates its plans
+for ``--processes`` processes and predicts each one; ``pick`` takes ``--plans`` of them (24)
+covering in-process GPipe, stage processes at K = 2 and K = 4, M from K to 4K, three schedules,
+remat never and always (fewer asked for: an even spread of that set), plus the planner's choice and
+the naive plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain, remat never). The
+family's stage-mesh form (``MESH_MODEL``: untied softmax, separate q/k/v) at ``--mesh_sizes``
+(8 x 128) adds mesh and pipeline x mesh plans (``pick_mesh``: one stage on a mesh of 2 and of 4,
+pipeline 2 x mesh 2, M = K to 4K, three schedules, remat never and always) and two on plain
+devices, after the stage meshes' own calibration (``calibrate.ensure_mesh``). Each is
 trained ``--train_steps`` steps (5) in worker processes placed as the plan says
 (``trainer.planning.trial``: stage processes and their trainer as ``tools.local_cluster --stages=K``
 would start them), its step the median of the last 3, every process's peak its VmHWM. Replicas
@@ -45,6 +50,7 @@ MESH_SIZES = [(8, 128)]
 QUICK_SIZES = [(2, 32)]
 MODEL = "lm.synthetic.GPipeTransformerLM"
 MESH_MODEL = "lm.synthetic.StageMeshTransformerLM"  # the family with stage meshes (untied, unfused)
+CORES_PER_PROCESS = 1  # tools.plan's default --cores_per_process: each op's threads, costs and plans alike
 
 
 def bindings(layers: int, width: int, short: bool | None = None, model: str = MODEL) -> list[str]:
@@ -56,6 +62,15 @@ def bindings(layers: int, width: int, short: bool | None = None, model: str = MO
     return [f"{model.rsplit('.', 1)[-1]}.{k} = {v}" for k, v in knobs.items()]
 
 
+def resolve(model: str, gin: list[str]):  # noqa: ANN201
+    """The experiment's Params as ``tools.plan`` plans it (``CORES_PER_PROCESS`` threads per op)."""
+    from params import experiment
+
+    root = experiment.resolve(model, gin_bindings=gin).copy()
+    root.cluster.set(intra_op_threads=CORES_PER_PROCESS)
+    return root
+
+
 def planned_largest(
     ladder: list, budget_mib: float, processes: int, train_steps: int, timeout: float, verbose: bool
 ) -> dict:
@@ -63,7 +78,6 @@ def planned_largest(
     planner has a plan on ``processes`` processes under ``budget_mib`` (galloping then bisecting, as
     ``capacity.climb``: the family's memory grows with the rungs), that plan trained ``train_steps``
     steps with every process's peak (VmHWM) read."""
-    from params import experiment
     from tools import plan as tool
     from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
@@ -72,9 +86,10 @@ def planned_largest(
             print(f"capacity benchmark: planned_k4: {message}", file=sys.stderr, flush=True)
 
     def best_plan(layers: int, width: int):  # noqa: ANN202
-        root = experiment.resolve(MODEL, gin_bindings=bindings(layers, width, short=False))
+        root = resolve(MODEL, bindings(layers, width, short=False))
         sizes = candidates.micro_batch_sizes(int(root.input.train.batch_size), processes)
-        model_costs, cache, _ = costs.load_or_measure(root, f"{MODEL}-{layers}x{width}", sizes, say)
+        name = f"{MODEL}-{layers}x{width}-c{CORES_PER_PROCESS}"
+        model_costs, cache, _ = costs.load_or_measure(root, name, sizes, say)
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         cores = len(os.sched_getaffinity(0))  # every process of the plan runs on this host
         prefix = costs.pipeline_prefix(root)
@@ -99,7 +114,7 @@ def planned_largest(
         return {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None, "stopped_by": failure}
     pred, prefix, model_costs = found
     layers, width = ladder[fits]
-    text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
+    text = plan_file.text(pred.plan, prefix, model_costs.batch_size, model_costs.intra_op_threads)
     stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
     # replicas: one replica's process is trained (each of the R the trainer starts is alike)
     m = trial.measure_plan(MODEL, bindings(layers, width, short=False), text, stages, train_steps, timeout)
@@ -217,7 +232,6 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from params import experiment
     from tools import plan as tool
     from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
@@ -233,9 +247,9 @@ def run(args: argparse.Namespace) -> int:
     for model, (layers, width) in families:
         meshed = model == MESH_MODEL
         gin = bindings(layers, width, model=model)
-        root = experiment.resolve(model, gin_bindings=gin)
+        root = resolve(model, gin)
         prefix = costs.pipeline_prefix(root)
-        name = f"{model}-{layers}x{width}"
+        name = f"{model}-{layers}x{width}-c{CORES_PER_PROCESS}"
         sample = candidates.micro_batch_sizes(int(root.input.train.batch_size), args.processes)
         progress = (
             (lambda m: print(f"plan benchmark: {m}", file=sys.stderr, flush=True))
@@ -272,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
             picked.append(naive)
         measured = {}
         for pred in picked:
-            text = plan_file.text(pred.plan, prefix, model_costs.batch_size)
+            text = plan_file.text(pred.plan, prefix, model_costs.batch_size, model_costs.intra_op_threads)
             stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
             m = trial.measure_plan(model, gin, text, stages, steps, args.timeout_s)
             measured[id(pred)] = m

@@ -54,6 +54,34 @@ def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(r0 - per * n0, 0.0), per
 
 
+def _trial(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    plan: candidates.Plan,
+    why: str,
+    progress: Progress,
+) -> dict:
+    """``plan`` trained ``TRAIN_STEPS`` steps (``trial.measure_plan``); a failure is a UserError."""
+    progress(f"training {plan.name()} {TRAIN_STEPS} steps ({why})")
+    text = plan_file.text(plan, pipeline_prefix, costs.batch_size, costs.intra_op_threads)
+    stages = plan.num_stages if plan.placement == "stage_processes" else 0
+    run = trial.measure_plan(model, bindings, text, stages, TRAIN_STEPS, TIMEOUT_S)
+    if not run["ok"]:
+        raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
+    return run
+
+
+def _units_on_path(bare: ModelCosts, probed: ModelCosts, plan: candidates.Plan, host_cores: int) -> float:
+    """How many units lie on ``plan``'s critical path: its step's growth from ``bare`` to ``probed``
+    (every unit ``PROBE_UNIT_S`` longer)."""
+    link = (bare.link_bytes_per_s, bare.link_latency_s, host_cores)
+    return (
+        predict.predict(probed, plan, *link).step_s - predict.predict(bare, plan, *link).step_s
+    ) / PROBE_UNIT_S
+
+
 def measure(
     model: str,
     bindings: list[str],
@@ -67,20 +95,16 @@ def measure(
     if costs.num_layers < 2:
         return 0.0, 0.0, 0.0
     bare = dataclasses.replace(costs, stage_step_s=0.0, stage_unit_s=0.0, update_ratio=0.0)
+    probed = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
     cut = candidates.split_points(costs, costs.batch_size // 2, 2)
     points, ratios = [], []
     for m in micro_batch_counts(costs.batch_size):
         plan = candidates.Plan("stage_processes", 2, m, "fill_drain", "never", cut)
-        progress(f"training {plan.name()} {TRAIN_STEPS} steps (the stage processes' own costs)")
-        text = plan_file.text(plan, pipeline_prefix, costs.batch_size)
-        run = trial.measure_plan(model, bindings, text, 2, TRAIN_STEPS, TIMEOUT_S)
-        if not run["ok"]:
-            raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
-        link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
-        pred = predict.predict(bare, plan, *link)
-        longer = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
-        on_path = (predict.predict(longer, plan, *link).step_s - pred.step_s) / PROBE_UNIT_S
-        points.append((on_path, run["step_s"] - pred.step_s))
+        run = _trial(
+            model, bindings, pipeline_prefix, costs, plan, "the stage processes' own costs", progress
+        )
+        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+        points.append((_units_on_path(bare, probed, plan, host_cores), run["step_s"] - pred.step_s))
         for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
             ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
@@ -120,28 +144,14 @@ def measure_mesh(
     """A stage mesh of ``stage_mesh`` devices' terms (module doc): step_s, unit_s, fixed_bytes,
     node_bytes."""
     bare = dataclasses.replace(costs, mesh={})
-    ms = candidates.divisors(costs.batch_size)
+    probe = {"step_s": 0.0, "unit_s": PROBE_UNIT_S, "fixed_bytes": 0.0, "node_bytes": 0.0}
+    probed = dataclasses.replace(costs, mesh={str(stage_mesh): probe})
     steps, memory = [], []
-    for m in sorted({1, max(x for x in ms if x <= 8)}):
+    for m in sorted({1, max(x for x in candidates.divisors(costs.batch_size) if x <= 8)}):
         plan = candidates.Plan("pipeline_mesh", 1, m, "fill_drain", "never", (), stage_mesh=stage_mesh)
-        progress(f"training {plan.name()} {TRAIN_STEPS} steps (a stage mesh's own costs)")
-        run = trial.measure_plan(
-            model,
-            bindings,
-            plan_file.text(plan, pipeline_prefix, costs.batch_size),
-            0,
-            TRAIN_STEPS,
-            TIMEOUT_S,
-        )
-        if not run["ok"]:
-            raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
-        link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
-        probe = {
-            str(stage_mesh): {"step_s": 0.0, "unit_s": PROBE_UNIT_S, "fixed_bytes": 0.0, "node_bytes": 0.0}
-        }
-        pred = predict.predict(bare, plan, *link)
-        on_path = predict.predict(dataclasses.replace(bare, mesh=probe), plan, *link).step_s - pred.step_s
-        steps.append((on_path / PROBE_UNIT_S, run["step_s"] - pred.step_s))
+        run = _trial(model, bindings, pipeline_prefix, costs, plan, "a stage mesh's own costs", progress)
+        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+        steps.append((_units_on_path(bare, probed, plan, host_cores), run["step_s"] - pred.step_s))
         process = pred.processes[0]
         nodes = process.items["graph"] / GRAPH_NODE_BYTES["in_process"]
         memory.append((nodes, run["peaks_mib"][0] * MIB - process.total))

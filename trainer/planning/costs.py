@@ -109,6 +109,9 @@ class ModelCosts:
     optimizer_slots: int
     example_bytes: int  # one example's activation between two layers (a hand-off)
     head_bytes_per_example: int  # the loss's logits and their gradient, per example
+    intra_op_threads: int = (
+        0  # the threads one op used when measured (0: TensorFlow's default); plans use it too
+    )
     rest_seconds: float = -1.0  # unmeasured
     baseline_mib: float = 0.0
     link_bytes_per_s: float = 0.0
@@ -353,6 +356,7 @@ def measure(
         optimizer_slots=_slots(root.task.train.optimizer),
         example_bytes=seq * width * 4,
         head_bytes_per_example=seq * max(vocab, 1) * 4 * 3,
+        intra_op_threads=int(root.cluster.intra_op_threads),
     )
     groups: dict[str, list[int]] = {}
     for i, x in enumerate(layers):

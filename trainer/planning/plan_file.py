@@ -9,8 +9,9 @@ from params import text_format
 from trainer.planning.candidates import Plan
 
 
-def lines(plan: Plan, pipeline_prefix: str, batch_size: int) -> dict[str, object]:
-    """The keys a plan sets, with their values."""
+def lines(plan: Plan, pipeline_prefix: str, batch_size: int, intra_op_threads: int = 0) -> dict[str, object]:
+    """The keys a plan sets, with their values (``intra_op_threads`` > 0: each process's threads per op,
+    the cores the planner gave it)."""
     p = f"task.{pipeline_prefix}"
     keys: dict[str, object] = {
         f"{p}.num_stages": plan.num_stages,
@@ -31,14 +32,16 @@ def lines(plan: Plan, pipeline_prefix: str, batch_size: int) -> dict[str, object
         keys[f"{p}.stage_layout_rules"] = ""
     devices = plan.num_stages * plan.stage_mesh if plan.placement != "stage_processes" else plan.num_stages
     keys["cluster.num_logical_cpu_devices"] = devices if devices > 1 else 0
+    if intra_op_threads > 0:
+        keys["cluster.intra_op_threads"] = intra_op_threads
     return keys
 
 
-def text(plan: Plan, pipeline_prefix: str, batch_size: int) -> str:
+def text(plan: Plan, pipeline_prefix: str, batch_size: int, intra_op_threads: int = 0) -> str:
     """The params file's text."""
     body = [
         f"{key} : {text_format.format_value(value)}"
-        for key, value in lines(plan, pipeline_prefix, batch_size).items()
+        for key, value in lines(plan, pipeline_prefix, batch_size, intra_op_threads).items()
     ]
     return "\n".join(body) + "\n"
 

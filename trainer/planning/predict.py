@@ -7,8 +7,11 @@ halves), with every hand-off between stage processes costing the link's latency 
 the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: measured at the
 full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
-over the link). Logical devices of one process share its cores, so an in-process pipeline's step is
-at least the sum of all its units (its stages overlap only across processes). Stage processes and
+over the link). Logical devices of one process take turns: an in-process pipeline's step is at
+least the sum of all its units (measured with one thread per op, two logical devices on two cores
+still run side by side only a little: their ops' dispatch is the process's). Processes computing at
+once beyond the host's cores (``host_cores``) take turns too: the step is at least all their units'
+work over the cores. Stage processes and
 stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost a step and a cost
 per unit. Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process
 (every weight whole across its S devices), plus its calibrated ``mesh`` item.
@@ -119,11 +122,10 @@ def predict(
     sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
     pipelined = sim.step_time
-    if not remote:  # logical devices share the process's cores: no stage runs beside another
+    if not remote:  # logical devices take turns (module doc)
         pipelined = max(pipelined, busy)
-    working, work = (k, busy) if remote else (plan.replicas, busy * plan.replicas)  # processes computing
-    if host_cores and working > host_cores:  # more of them than cores: they take turns
-        pipelined = max(pipelined, work / host_cores)
+    if host_cores:  # every process's units (R replicas: R times one's) on the host's cores
+        pipelined = max(pipelined, busy * plan.replicas / host_cores)
     step = pipelined + costs.rest_seconds / plan.replicas + meshed.get("step_s", 0.0)
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed cost
         step += 2 * transfer + max(costs.stage_step_s, 0.0)
