@@ -202,9 +202,9 @@ def test_remat_and_one_f_one_b_hold_less_than_fill_drain_never():
 
 def test_processes_beyond_the_hosts_cores_take_turns_and_a_hand_off_pays_the_runtime():
     """K=4 stage processes on a host of 2 cores: at most 2 stages compute at once, so the step is at
-    least half of all the units' work; with a core each (host_cores 0, or 4 of them) the stages
-    overlap. Every hand-off pays TensorFlow's crossing time and bytes per second (grpc_link), when
-    they are slower than the link's."""
+    least half of all the units' compute (not their dispatch); with a core each (host_cores 0, or 4
+    of them) the stages overlap. Every hand-off pays TensorFlow's crossing time and bytes per second
+    (grpc_link), when they are slower than the link's."""
     model = costs.ModelCosts("x", 8, [100] * 4, 50, 2, 64, 16, rest_seconds=0.0, baseline_mib=100.0)
     model.per_size = {
         b: {"forward": [0.01 * b] * 4, "backward": [0.02 * b] * 4, "backward_input": [0.01 * b] * 4,
@@ -216,6 +216,9 @@ def test_processes_beyond_the_hosts_cores_take_turns_and_a_hand_off_pays_the_run
     own, shared = (predict.predict(model, plan, 1e12, 0.0, cores).step_s for cores in (0, 2))
     assert own < work / 2 <= shared
     assert predict.predict(model, plan, 1e12, 0.0, 4).step_s == own
+    model.stage_unit_s = 0.05  # a unit's dispatch waits on the runtime: it holds no core
+    assert predict.predict(model, plan, 1e12, 0.0, 2).step_s == predict.predict(model, plan, 1e12, 0.0).step_s
+    model.stage_unit_s = 0.0
     model.grpc_hop_s, model.grpc_bytes_per_s = 1e-3, 64e3  # 1 ms and 1 ms per 64-byte hand-off
     slower = predict.predict(model, plan, 1e12, 0.0).step_s
     # fill-drain's critical path: 2 (K - 1) hand-offs inside the pipeline, 2 to and from the trainer

@@ -11,7 +11,8 @@ over the link). Logical devices of one process take turns: an in-process pipelin
 least the sum of all its units (measured with one thread per op, two logical devices on two cores
 still run side by side only a little: their ops' dispatch is the process's). Processes computing at
 once beyond the host's cores (``host_cores``) take turns too: the step is at least all their units'
-work over the cores. Stage processes and
+compute over the cores (a unit's calibrated dispatch cost waits on the runtime and is left out).
+Stage processes and
 stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost a step and a cost
 per unit. Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process
 (every weight whole across its S devices), plus its calibrated ``mesh`` item.
@@ -124,8 +125,9 @@ def predict(
     pipelined = sim.step_time
     if not remote:  # logical devices take turns (module doc)
         pipelined = max(pipelined, busy)
-    if host_cores:  # every process's units (R replicas: R times one's) on the host's cores
-        pipelined = max(pipelined, busy * plan.replicas / host_cores)
+    if host_cores:  # every process's units' compute (R replicas: R times one's) on the host's cores
+        compute = busy - len(sim.events) * unit_s  # a unit's dispatch waits on the runtime, not a core
+        pipelined = max(pipelined, compute * plan.replicas / host_cores)
     step = pipelined + costs.rest_seconds / plan.replicas + meshed.get("step_s", 0.0)
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed cost
         step += 2 * transfer + max(costs.stage_step_s, 0.0)
