@@ -208,7 +208,11 @@ def plan(args: argparse.Namespace) -> int:
         plans = list(
             candidates.enumerate_plans(model_costs, args.processes, args.devices_per_process, stage_mesh)
         )
-    meshes = [p.stage_mesh for p in ([current] if current else plans) if p.placement == "pipeline_mesh"]
+    considered = [current] if current else plans
+    if any(p.placement in ("logical", "pipeline_mesh") and p.num_stages > 1 for p in considered):
+        # how far logical devices overlap: one short training, once
+        calibrate.ensure_devices(args.model, [], prefix, model_costs, path, host_cores, _progress)
+    meshes = [p.stage_mesh for p in considered if p.placement == "pipeline_mesh"]
     # a stage mesh's own costs: two short trainings per mesh size, once
     calibrate.ensure_mesh(args.model, [], prefix, model_costs, path, meshes, host_cores, _progress)
     budget = args.memory_mib

@@ -93,7 +93,9 @@ def planned_largest(
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         cores = len(os.sched_getaffinity(0))  # every process of the plan runs on this host
         prefix = costs.pipeline_prefix(root)
-        calibrate.ensure(MODEL, bindings(layers, width, short=False), prefix, model_costs, cache, cores, say)
+        gin = bindings(layers, width, short=False)
+        calibrate.ensure(MODEL, gin, prefix, model_costs, cache, cores, say)
+        calibrate.ensure_devices(MODEL, gin, prefix, model_costs, cache, cores, say)
         plans = candidates.enumerate_plans(model_costs, processes)
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
@@ -259,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
         model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
         cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
         calibrate.ensure(model, gin, prefix, model_costs, cache, cores, progress)
+        calibrate.ensure_devices(model, gin, prefix, model_costs, cache, cores, progress)
         enumerated = candidates.enumerate_plans(
             model_costs, args.processes, stage_mesh=meshed, max_replicas=1
         )

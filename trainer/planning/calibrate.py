@@ -16,6 +16,12 @@ prediction, over their weights' bytes (at least 0): the largest, as the planner'
 for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it
 trains are two of the planner's own.
 
+Logical devices of one process overlap only partly: their ops run side by side on the host's cores,
+but one process dispatches them all. ``measure_devices`` trains 2 stages on logical devices of one
+process (fill-drain, remat never, the largest M up to 8) and places its step between the
+predictions with the devices overlapping as separate cores would and with them taking turns:
+``devices_serial``, the fraction of the way (0 to 1).
+
 A stage on a DTensor mesh of S logical devices costs what the unsharded per-layer measurements do
 not see either: DTensor's runtime, the tensors every device of the mesh keeps whole, a graph per
 device, the collectives. ``measure_mesh`` trains the experiment as one stage on a mesh of S (in one
@@ -111,6 +117,48 @@ def measure(
         return 0.0, 0.0, 0.0
     step_s, unit_s = _solve(points)  # points: (units on the critical path, residual)
     return step_s, unit_s, max(max(ratios), 0.0)
+
+
+def measure_devices(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    host_cores: int,
+    progress: Progress,
+) -> float:
+    """``devices_serial`` (module doc): 2 stages on logical devices of one process trained at the
+    largest M up to 8, where its step falls between the prediction with the devices overlapping
+    fully (0) and taking turns (1); 1 where the experiment cannot be pipelined in two stages."""
+    counts = micro_batch_counts(costs.batch_size)
+    if costs.num_layers < 2 or not counts:
+        return 1.0
+    m = counts[-1]
+    plan = candidates.Plan(
+        "logical", 2, m, "fill_drain", "never", candidates.split_points(costs, costs.batch_size // m, 2)
+    )
+    run = _trial(model, bindings, pipeline_prefix, costs, plan, "how far logical devices overlap", progress)
+    link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+    apart, turns = (
+        predict.predict(dataclasses.replace(costs, devices_serial=x), plan, *link).step_s for x in (0.0, 1.0)
+    )
+    return min(max((run["step_s"] - apart) / (turns - apart), 0.0), 1.0) if turns > apart else 1.0
+
+
+def ensure_devices(
+    model: str,
+    bindings: list[str],
+    pipeline_prefix: str,
+    costs: ModelCosts,
+    cache: Path,
+    host_cores: int,
+    progress: Progress,
+) -> None:
+    """Measures ``costs.devices_serial`` where it is not yet (``measure_devices``), and saves it to its
+    ``cache`` file."""
+    if costs.devices_serial < 0:
+        costs.devices_serial = measure_devices(model, bindings, pipeline_prefix, costs, host_cores, progress)
+        save(costs, cache)
 
 
 def ensure(

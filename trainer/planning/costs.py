@@ -119,6 +119,9 @@ class ModelCosts:
     grpc_hop_s: float = 0.0  # a tensor's crossing between two TensorFlow processes (grpc_link)
     grpc_bytes_per_s: float = 0.0
     stage_step_s: float = -1.0  # a stage-process step's fixed cost (calibrate); < 0: unmeasured
+    # how far one process's logical devices take turns (calibrate.measure_devices): 0, they overlap as
+    # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
+    devices_serial: float = -1.0
     stage_unit_s: float = 0.0  # and its cost per unit
     update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
     # per stage-mesh size S (str(S)): what a stage on a DTensor mesh costs beyond its unsharded

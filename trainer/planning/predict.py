@@ -7,10 +7,10 @@ halves), with every hand-off between stage processes costing the link's latency 
 the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: measured at the
 full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
-over the link). Logical devices of one process take turns: an in-process pipeline's step is at
-least the sum of all its units (measured with one thread per op, two logical devices on two cores
-still run side by side only a little: their ops' dispatch is the process's). Processes computing at
-once beyond the host's cores (``host_cores``) take turns too: the step is at least all their units'
+over the link). Logical devices of one process overlap only partly (their ops' dispatch is the
+process's): an in-process pipeline's step lies between the schedule's timeline and the sum of all
+its units, ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at
+once beyond the host's cores (``host_cores``) take turns: the step is at least all their units'
 compute over the cores (a unit's calibrated dispatch cost waits on the runtime and is left out).
 Stage processes and
 stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost a step and a cost
@@ -123,8 +123,9 @@ def predict(
     sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
     pipelined = sim.step_time
-    if not remote:  # logical devices take turns (module doc)
-        pipelined = max(pipelined, busy)
+    if not remote:  # logical devices overlap partly (module doc)
+        serial = costs.devices_serial if costs.devices_serial >= 0 else 1.0
+        pipelined += serial * max(busy - pipelined, 0.0)
     if host_cores:  # every process's units' compute (R replicas: R times one's) on the host's cores
         compute = busy - len(sim.events) * unit_s  # a unit's dispatch waits on the runtime, not a core
         pipelined = max(pipelined, compute * plan.replicas / host_cores)
