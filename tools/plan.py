@@ -200,21 +200,14 @@ def plan(args: argparse.Namespace) -> int:
     if host_cores is None:
         host_cores = 0 if args.link_mbit else len(os.sched_getaffinity(0))
     current = current_plan(root, model_costs, prefix) if args.current else None
-    stages_possible = args.processes >= 3 if current is None else current.placement == "stage_processes"
-    if stages_possible:  # the stage processes' own costs: two short trainings, once
-        calibrate.ensure(args.model, [], prefix, model_costs, path, host_cores, _progress)
     stage_mesh = bool(root.task.get(prefix).get("stage_layout_rules"))
     if current is None:
         plans = list(
             candidates.enumerate_plans(model_costs, args.processes, args.devices_per_process, stage_mesh)
         )
+    # what the plans' placements cost beyond their layers: a few short trainings, once (cached)
     considered = [current] if current else plans
-    if any(p.placement in ("logical", "pipeline_mesh") and p.num_stages > 1 for p in considered):
-        # how far logical devices overlap: one short training, once
-        calibrate.ensure_devices(args.model, [], prefix, model_costs, path, host_cores, _progress)
-    meshes = [p.stage_mesh for p in considered if p.placement == "pipeline_mesh"]
-    # a stage mesh's own costs: two short trainings per mesh size, once
-    calibrate.ensure_mesh(args.model, [], prefix, model_costs, path, meshes, host_cores, _progress)
+    calibrate.ensure(args.model, [], prefix, model_costs, path, considered, host_cores, _progress)
     budget = args.memory_mib
     if current is not None:
         pred = predict.predict(model_costs, current, link, latency, host_cores)

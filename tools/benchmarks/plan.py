@@ -11,14 +11,14 @@ the naive plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain
 family's stage-mesh form (``MESH_MODEL``: untied softmax, separate q/k/v) at ``--mesh_sizes``
 (8 x 128) adds mesh and pipeline x mesh plans (``pick_mesh``: one stage on a mesh of 2 and of 4,
 pipeline 2 x mesh 2, M = K to 4K, three schedules, remat never and always) and two on plain
-devices, after the stage meshes' own calibration (``calibrate.ensure_mesh``). Each is
-trained ``--train_steps`` steps (5) in worker processes placed as the plan says
+devices. Each is trained ``--train_steps`` steps (5) in worker processes placed as the plan says
 (``trainer.planning.trial``: stage processes and their trainer as ``tools.local_cluster --stages=K``
 would start them), its step the median of the last 3, every process's peak its VmHWM. Replicas
 are left out of the enumeration here (measuring them needs the sync cluster ``tools.local_cluster
---workers=R`` starts, which these workers do not). Before predicting, the planner's calibration
-(``trainer.planning.calibrate``: two of its K = 2 stage-process plans trained, cached with the
-costs) is run where the cache has none. Figures, one JSON line each:
+--workers=R`` starts, which these workers do not). Before predicting, the planner's calibrations
+(``trainer.planning.calibrate``: two K = 2 stage-process plans, one K = 2 plan on logical devices,
+two one-stage mesh plans per mesh size, trained and cached with the costs) run where the cache has
+none. Figures, one JSON line each:
 
     plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
     plan_step_error_median    median |measured / predicted - 1| of the step
@@ -94,9 +94,8 @@ def planned_largest(
         cores = len(os.sched_getaffinity(0))  # every process of the plan runs on this host
         prefix = costs.pipeline_prefix(root)
         gin = bindings(layers, width, short=False)
-        calibrate.ensure(MODEL, gin, prefix, model_costs, cache, cores, say)
-        calibrate.ensure_devices(MODEL, gin, prefix, model_costs, cache, cores, say)
-        plans = candidates.enumerate_plans(model_costs, processes)
+        plans = list(candidates.enumerate_plans(model_costs, processes))
+        calibrate.ensure(MODEL, gin, prefix, model_costs, cache, plans, cores, say)
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
@@ -260,13 +259,10 @@ def run(args: argparse.Namespace) -> int:
         )
         model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
         cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
-        calibrate.ensure(model, gin, prefix, model_costs, cache, cores, progress)
-        calibrate.ensure_devices(model, gin, prefix, model_costs, cache, cores, progress)
         enumerated = candidates.enumerate_plans(
             model_costs, args.processes, stage_mesh=meshed, max_replicas=1
         )
-        meshes = [p.stage_mesh for p in enumerated if p.placement == "pipeline_mesh"]
-        calibrate.ensure_mesh(model, gin, prefix, model_costs, cache, meshes, cores, progress)
+        calibrate.ensure(model, gin, prefix, model_costs, cache, enumerated, cores, progress)
         start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         plans = list(

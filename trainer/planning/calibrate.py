@@ -34,6 +34,7 @@ multiplies). Pipeline x mesh plans with S-device stage meshes use the terms of S
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from pathlib import Path
 
 from params.errors import UserError
@@ -145,41 +146,6 @@ def measure_devices(
     return min(max((run["step_s"] - apart) / (turns - apart), 0.0), 1.0) if turns > apart else 1.0
 
 
-def ensure_devices(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    cache: Path,
-    host_cores: int,
-    progress: Progress,
-) -> None:
-    """Measures ``costs.devices_serial`` where it is not yet (``measure_devices``), and saves it to its
-    ``cache`` file."""
-    if costs.devices_serial < 0:
-        costs.devices_serial = measure_devices(model, bindings, pipeline_prefix, costs, host_cores, progress)
-        save(costs, cache)
-
-
-def ensure(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    cache: Path,
-    host_cores: int,
-    progress: Progress,
-) -> None:
-    """Measures ``costs``' stage-process terms where they are not yet (``measure``), and saves them
-    to its ``cache`` file."""
-    if costs.stage_step_s >= 0:
-        return
-    costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(
-        model, bindings, pipeline_prefix, costs, host_cores, progress
-    )
-    save(costs, cache)
-
-
 def measure_mesh(
     model: str,
     bindings: list[str],
@@ -208,19 +174,30 @@ def measure_mesh(
     return {"step_s": step_s, "unit_s": unit_s, "fixed_bytes": fixed_bytes, "node_bytes": node_bytes}
 
 
-def ensure_mesh(
+def ensure(
     model: str,
     bindings: list[str],
     pipeline_prefix: str,
     costs: ModelCosts,
     cache: Path,
-    stage_meshes: list[int],
+    plans: Iterable[candidates.Plan],
     host_cores: int,
     progress: Progress,
 ) -> None:
-    """Measures the terms of each stage-mesh size of ``stage_meshes`` not yet in ``costs``
-    (``measure_mesh``), saving each to the ``cache`` file."""
-    for size in sorted(set(stage_meshes)):
+    """Measures, once, the terms ``plans`` need that ``costs`` lacks (the stage processes' for a
+    stage-process plan, ``devices_serial`` for one on several logical devices of a process, each
+    stage-mesh size's for a mesh plan), saving each to the ``cache`` file."""
+    plans = list(plans)
+    if costs.stage_step_s < 0 and any(p.placement == "stage_processes" for p in plans):
+        costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(
+            model, bindings, pipeline_prefix, costs, host_cores, progress
+        )
+        save(costs, cache)
+    in_process = ("logical", "pipeline_mesh")
+    if costs.devices_serial < 0 and any(p.placement in in_process and p.num_stages > 1 for p in plans):
+        costs.devices_serial = measure_devices(model, bindings, pipeline_prefix, costs, host_cores, progress)
+        save(costs, cache)
+    for size in sorted({p.stage_mesh for p in plans if p.placement == "pipeline_mesh"}):
         if str(size) not in costs.mesh:
             costs.mesh[str(size)] = measure_mesh(
                 model, bindings, pipeline_prefix, costs, size, host_cores, progress
