@@ -207,7 +207,8 @@ def plan(args: argparse.Namespace) -> int:
         )
     # what the plans' placements cost beyond their layers: a few short trainings, once (cached)
     considered = [current] if current else plans
-    calibrate.ensure(args.model, [], prefix, model_costs, path, considered, host_cores, _progress)
+    target = calibrate.Target(args.model, [], prefix, host_cores, _progress)
+    calibrate.ensure(target, model_costs, path, considered)
     budget = args.memory_mib
     if current is not None:
         pred = predict.predict(model_costs, current, link, latency, host_cores)

@@ -95,7 +95,7 @@ def planned_largest(
         prefix = costs.pipeline_prefix(root)
         gin = bindings(layers, width, short=False)
         plans = list(candidates.enumerate_plans(model_costs, processes))
-        calibrate.ensure(MODEL, gin, prefix, model_costs, cache, plans, cores, say)
+        calibrate.ensure(calibrate.Target(MODEL, gin, prefix, cores, say), model_costs, cache, plans)
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
@@ -262,7 +262,9 @@ def run(args: argparse.Namespace) -> int:
         enumerated = candidates.enumerate_plans(
             model_costs, args.processes, stage_mesh=meshed, max_replicas=1
         )
-        calibrate.ensure(model, gin, prefix, model_costs, cache, enumerated, cores, progress)
+        calibrate.ensure(
+            calibrate.Target(model, gin, prefix, cores, progress), model_costs, cache, enumerated
+        )
         start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         plans = list(

@@ -47,6 +47,19 @@ TIMEOUT_S = 300.0
 PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The experiment the calibrations train: its registry key, gin bindings and pipeline's Params
+    key (``costs.pipeline_prefix``), the cores its plans' processes share (``predict``'s
+    ``host_cores``), and where progress lines go."""
+
+    model: str
+    bindings: list[str]
+    pipeline_prefix: str
+    host_cores: int
+    progress: Progress
+
+
 def micro_batch_counts(batch: int) -> list[int]:
     """The two M the calibration trains (one, where the batch allows only one)."""
     ms = [m for m in candidates.divisors(batch) if 2 <= m <= 8]
@@ -61,20 +74,12 @@ def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(r0 - per * n0, 0.0), per
 
 
-def _trial(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    plan: candidates.Plan,
-    why: str,
-    progress: Progress,
-) -> dict:
+def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -> dict:
     """``plan`` trained ``TRAIN_STEPS`` steps (``trial.measure_plan``); a failure is a UserError."""
-    progress(f"training {plan.name()} {TRAIN_STEPS} steps ({why})")
-    text = plan_file.text(plan, pipeline_prefix, costs.batch_size, costs.intra_op_threads)
+    target.progress(f"training {plan.name()} {TRAIN_STEPS} steps ({why})")
+    text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
     stages = plan.num_stages if plan.placement == "stage_processes" else 0
-    run = trial.measure_plan(model, bindings, text, stages, TRAIN_STEPS, TIMEOUT_S)
+    run = trial.measure_plan(target.model, target.bindings, text, stages, TRAIN_STEPS, TIMEOUT_S)
     if not run["ok"]:
         raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
     return run
@@ -89,15 +94,8 @@ def _units_on_path(bare: ModelCosts, probed: ModelCosts, plan: candidates.Plan, 
     ) / PROBE_UNIT_S
 
 
-def measure(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    host_cores: int,
-    progress: Progress,
-) -> tuple[float, float, float]:
-    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``) of experiment ``model`` (module doc);
+def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
+    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``) of ``target`` (module doc);
     zeros where it cannot be pipelined in two stages."""
     if costs.num_layers < 2:
         return 0.0, 0.0, 0.0
@@ -107,11 +105,9 @@ def measure(
     points, ratios = [], []
     for m in micro_batch_counts(costs.batch_size):
         plan = candidates.Plan("stage_processes", 2, m, "fill_drain", "never", cut)
-        run = _trial(
-            model, bindings, pipeline_prefix, costs, plan, "the stage processes' own costs", progress
-        )
-        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
-        points.append((_units_on_path(bare, probed, plan, host_cores), run["step_s"] - pred.step_s))
+        run = _trial(target, costs, plan, "the stage processes' own costs")
+        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
+        points.append((_units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s))
         for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
             ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
@@ -120,14 +116,7 @@ def measure(
     return step_s, unit_s, max(max(ratios), 0.0)
 
 
-def measure_devices(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    host_cores: int,
-    progress: Progress,
-) -> float:
+def measure_devices(target: Target, costs: ModelCosts) -> float:
     """``devices_serial`` (module doc): 2 stages on logical devices of one process trained at the
     largest M up to 8, where its step falls between the prediction with the devices overlapping
     fully (0) and taking turns (1); 1 where the experiment cannot be pipelined in two stages."""
@@ -138,23 +127,15 @@ def measure_devices(
     plan = candidates.Plan(
         "logical", 2, m, "fill_drain", "never", candidates.split_points(costs, costs.batch_size // m, 2)
     )
-    run = _trial(model, bindings, pipeline_prefix, costs, plan, "how far logical devices overlap", progress)
-    link = (costs.link_bytes_per_s, costs.link_latency_s, host_cores)
+    run = _trial(target, costs, plan, "how far logical devices overlap")
+    link = (costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
     apart, turns = (
         predict.predict(dataclasses.replace(costs, devices_serial=x), plan, *link).step_s for x in (0.0, 1.0)
     )
     return min(max((run["step_s"] - apart) / (turns - apart), 0.0), 1.0) if turns > apart else 1.0
 
 
-def measure_mesh(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    stage_mesh: int,
-    host_cores: int,
-    progress: Progress,
-) -> dict[str, float]:
+def measure_mesh(target: Target, costs: ModelCosts, stage_mesh: int) -> dict[str, float]:
     """A stage mesh of ``stage_mesh`` devices' terms (module doc): step_s, unit_s, fixed_bytes,
     node_bytes."""
     bare = dataclasses.replace(costs, mesh={})
@@ -163,9 +144,9 @@ def measure_mesh(
     steps, memory = [], []
     for m in sorted({1, max(x for x in candidates.divisors(costs.batch_size) if x <= 8)}):
         plan = candidates.Plan("pipeline_mesh", 1, m, "fill_drain", "never", (), stage_mesh=stage_mesh)
-        run = _trial(model, bindings, pipeline_prefix, costs, plan, "a stage mesh's own costs", progress)
-        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, host_cores)
-        steps.append((_units_on_path(bare, probed, plan, host_cores), run["step_s"] - pred.step_s))
+        run = _trial(target, costs, plan, "a stage mesh's own costs")
+        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
+        steps.append((_units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s))
         process = pred.processes[0]
         nodes = process.items["graph"] / GRAPH_NODE_BYTES["in_process"]
         memory.append((nodes, run["peaks_mib"][0] * MIB - process.total))
@@ -174,32 +155,19 @@ def measure_mesh(
     return {"step_s": step_s, "unit_s": unit_s, "fixed_bytes": fixed_bytes, "node_bytes": node_bytes}
 
 
-def ensure(
-    model: str,
-    bindings: list[str],
-    pipeline_prefix: str,
-    costs: ModelCosts,
-    cache: Path,
-    plans: Iterable[candidates.Plan],
-    host_cores: int,
-    progress: Progress,
-) -> None:
+def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candidates.Plan]) -> None:
     """Measures, once, the terms ``plans`` need that ``costs`` lacks (the stage processes' for a
     stage-process plan, ``devices_serial`` for one on several logical devices of a process, each
     stage-mesh size's for a mesh plan), saving each to the ``cache`` file."""
     plans = list(plans)
     if costs.stage_step_s < 0 and any(p.placement == "stage_processes" for p in plans):
-        costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(
-            model, bindings, pipeline_prefix, costs, host_cores, progress
-        )
+        costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(target, costs)
         save(costs, cache)
     in_process = ("logical", "pipeline_mesh")
     if costs.devices_serial < 0 and any(p.placement in in_process and p.num_stages > 1 for p in plans):
-        costs.devices_serial = measure_devices(model, bindings, pipeline_prefix, costs, host_cores, progress)
+        costs.devices_serial = measure_devices(target, costs)
         save(costs, cache)
     for size in sorted({p.stage_mesh for p in plans if p.placement == "pipeline_mesh"}):
         if str(size) not in costs.mesh:
-            costs.mesh[str(size)] = measure_mesh(
-                model, bindings, pipeline_prefix, costs, size, host_cores, progress
-            )
+            costs.mesh[str(size)] = measure_mesh(target, costs, size)
             save(costs, cache)
