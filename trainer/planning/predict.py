@@ -12,10 +12,9 @@ process's): an in-process pipeline's step lies between the schedule's timeline a
 its units, ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at
 once beyond the host's cores (``host_cores``) take turns: the step is at least all their units'
 compute over the cores (a unit's calibrated dispatch cost waits on the runtime and is left out).
-Stage processes and
-stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost a step and a cost
-per unit. Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process
-(every weight whole across its S devices), plus its calibrated ``mesh`` item.
+Stage processes and stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost
+a step and a cost per unit. Memory: ``memory``'s items per process; a stage mesh's shards all live
+in the one process (every weight whole across its S devices), plus its calibrated ``mesh`` item.
 """
 
 from __future__ import annotations
