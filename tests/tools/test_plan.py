@@ -5,6 +5,7 @@ plans and its predicted memory and step stand against the measured ones."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.planning import candidates, costs, memory, plan_file, predict
+from trainer.planning import calibrate, candidates, costs, memory, plan_file, predict
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = """
@@ -67,6 +68,18 @@ def _plan(env: dict, cwd: Path, *flags: str) -> subprocess.CompletedProcess:
 
 def _last_line(err: str) -> str:
     return [line for line in err.splitlines() if line.strip()][-1]
+
+
+def _uniform_costs(kept_per_example: bool = False) -> costs.ModelCosts:
+    """Four equal layers of 100 parameters (10 ms forward, 20 backward, 10 its input half; 1e6 bytes
+    kept, times the micro-batch size with ``kept_per_example``), batch 8, 100 MiB baseline."""
+    model = costs.ModelCosts("x", 8, [100] * 4, 50, 2, 64, 16, rest_seconds=0.0, baseline_mib=100.0)
+    model.per_size = {
+        b: {"forward": [0.01] * 4, "backward": [0.02] * 4, "backward_input": [0.01] * 4,
+            "kept_bytes": [1e6 * (b if kept_per_example else 1)] * 4, "ops": [100.0] * 4}
+        for b in (1, 2, 4, 8)
+    }  # fmt: skip
+    return model
 
 
 def test_the_chosen_plan_is_written_and_trains_unchanged(planned, tmp_path):
@@ -182,12 +195,7 @@ def test_enumeration_stays_within_what_the_trainer_accepts():
 
 
 def test_remat_and_one_f_one_b_hold_less_than_fill_drain_never():
-    model = costs.ModelCosts("x", 8, [100] * 4, 50, 2, 64, 16, rest_seconds=0.0, baseline_mib=100.0)
-    model.per_size = {
-        b: {"forward": [0.01] * 4, "backward": [0.02] * 4, "backward_input": [0.01] * 4,
-            "kept_bytes": [1e6 * b] * 4, "ops": [100.0] * 4}
-        for b in (1, 2, 4, 8)
-    }  # fmt: skip
+    model = _uniform_costs(kept_per_example=True)
     plan = candidates.Plan("stage_processes", 2, 8, "fill_drain", "never", (2,))
     held = {}
     for sched, remat in [("fill_drain", "never"), ("fill_drain", "always"), ("one_f_one_b", "never")]:
@@ -198,6 +206,37 @@ def test_remat_and_one_f_one_b_hold_less_than_fill_drain_never():
     assert held[("fill_drain", "always")] == pytest.approx(8 * 64)  # the stage inputs alone
     pred = predict.predict(model, plan, 1e9, 0.0)
     assert pred.step_s > 0 and pred.processes[0].items["baseline"] == 100 * memory.MIB
+
+
+def test_a_split_backward_traces_more_nodes_for_the_layers_its_weight_half_takes():
+    """The executor defers a stage's first layers to W while what they hold from I to W stays within
+    what the stage's forward keeps (ZB-H1: within 1F1B's peak too); each deferred layer traces
+    ``DEFERRED_NODES`` times its ops, and the trainer of stage processes keeps that extra again."""
+    from layers.parallel.pipeline import schedule
+
+    unit = 1e6
+    one_each = memory.deferred_layers(schedule.build("zb_h2", 8, 8, "never"), list(range(9)), unit)
+    assert one_each == [{i} for i in range(8)]  # a layer's input and output: its stage's whole keep
+    two_each = memory.deferred_layers(schedule.build("zb_h2", 4, 8, "never"), [0, 2, 4, 6, 8], unit)
+    assert two_each == [{0}, {2}, {4}, {6}]  # both layers would hold 4 units of a keep of 3 (stage 0: 3 of 2)
+    h1 = memory.deferred_layers(schedule.build("zb_h1", 8, 8, "never"), list(range(9)), unit)
+    assert sum(map(len, h1)) < 8  # ZB-H1's budget keeps to 1F1B's peak
+
+    model = _uniform_costs()
+    graph = {}
+    for placement in ("logical", "stage_processes"):
+        for sched in ("one_f_one_b", "zb_h2"):
+            pred = predict.predict(
+                model, candidates.Plan(placement, 4, 8, sched, "never", (1, 2, 3)), 1e9, 0.0
+            )
+            graph[(placement, sched)] = [p.items["graph"] for p in pred.processes]
+    (plain,), (split,) = graph[("logical", "one_f_one_b")], graph[("logical", "zb_h2")]
+    assert split == pytest.approx(plain * memory.DEFERRED_NODES)  # one layer a stage: every W deferred
+    trainer, *stages = graph[("stage_processes", "one_f_one_b")]
+    trainer_split, *stages_split = graph[("stage_processes", "zb_h2")]
+    assert stages_split == pytest.approx([s * memory.DEFERRED_NODES for s in stages])
+    extra = (memory.DEFERRED_NODES - 1) * memory.TRAINER_DEFERRED_EXTRA
+    assert trainer_split == pytest.approx(trainer * (1 + extra))
 
 
 def test_processes_beyond_the_hosts_cores_take_turns_and_a_hand_off_pays_the_runtime():
@@ -225,17 +264,57 @@ def test_processes_beyond_the_hosts_cores_take_turns_and_a_hand_off_pays_the_run
     assert slower - own == pytest.approx((2 * 3 + 2) * 2e-3, rel=0.01)
 
 
+def test_the_stage_processes_fixed_costs_split_into_a_steps_and_a_tasks(monkeypatch):
+    """Trials whose residuals (measured less predicted) follow 4 ms a step, 9 ms a stage task and
+    1 ms a unit on the critical path: two K = 2 trials give the unit and the two tasks' fixed cost,
+    a K = 4 trial splits it; the prediction then pays K tasks."""
+    truth = {"step": 4e-3, "task": 9e-3, "unit": 1e-3}
+    trained = []
+
+    def residual(target, model, plan):
+        units = 3.0 * plan.num_micro_batches + plan.num_stages  # any count the solve must respect
+        trained.append((plan.num_stages, plan.num_micro_batches))
+        r = truth["step"] + plan.num_stages * truth["task"] + units * truth["unit"]
+        return units, r, {"peaks_mib": [0.0] * (plan.num_stages + 1)}
+
+    monkeypatch.setattr(calibrate, "_stage_residual", residual)
+    model = _uniform_costs()
+    model.link_bytes_per_s = 1e9
+    target = calibrate.Target("x", [], "p", 2, lambda _: None)
+    model.stage_step_s, model.stage_unit_s, _ = calibrate.measure(target, model)
+    assert model.stage_step_s == pytest.approx(truth["step"] + 2 * truth["task"])
+    assert model.stage_unit_s == pytest.approx(truth["unit"])
+    model.stage_step_s, model.stage_task_s = calibrate.measure_tasks(target, model, 4)
+    assert (model.stage_step_s, model.stage_task_s) == pytest.approx((truth["step"], truth["task"]))
+    assert trained == [(2, 2), (2, 8), (4, 4)]
+    assert calibrate.measure_tasks(target, model, 2) == (model.stage_step_s, 0.0)  # nothing deeper
+    plans = [
+        candidates.Plan("stage_processes", k, 4, "fill_drain", "never", cut)
+        for k, cut in [(2, (2,)), (4, (1, 2, 3))]
+    ]
+    two, four = (predict.predict(model, plan, 1e9, 0.0) for plan in plans)
+    bare = dataclasses.replace(model, stage_step_s=0.0, stage_task_s=0.0)
+    two_bare, four_bare = (predict.predict(bare, plan, 1e9, 0.0) for plan in plans)
+    assert four.step_s - four_bare.step_s == pytest.approx(truth["step"] + 4 * truth["task"])
+    assert two.step_s - two_bare.step_s == pytest.approx(truth["step"] + 2 * truth["task"])
+
+
+def test_a_unit_in_one_process_pays_its_calibrated_cost_and_a_plain_step_does_not():
+    model = _uniform_costs()
+    plain, micro = (candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in (1, 4))
+    before = [predict.predict(model, p, 1e9, 0.0).step_s for p in (plain, micro)]
+    model.process_unit_s = 0.002
+    after = [predict.predict(model, p, 1e9, 0.0).step_s for p in (plain, micro)]
+    assert after[0] == pytest.approx(before[0])  # one stage, one micro-batch: the plain step
+    assert after[1] - before[1] == pytest.approx(2 * 4 * 0.002)  # M forwards and M backwards
+
+
 def test_a_stage_mesh_holds_every_weight_in_its_process_and_pays_its_calibrated_terms():
     """Pipeline x mesh in one process: the S devices of a stage mesh hold the stage's weights between
     them, all in the process; DTensor's own memory is the calibrated fixed part plus a part per graph
     node, its step the calibrated fixed cost plus one per unit (each of the K x M forwards and
     backwards, all in turn on the process's cores)."""
-    model = costs.ModelCosts("x", 8, [100] * 4, 50, 2, 64, 16, rest_seconds=0.0, baseline_mib=100.0)
-    model.per_size = {
-        b: {"forward": [0.01] * 4, "backward": [0.02] * 4, "backward_input": [0.01] * 4,
-            "kept_bytes": [1e6] * 4, "ops": [100.0] * 4}
-        for b in (1, 2, 4, 8)
-    }  # fmt: skip
+    model = _uniform_costs()
     plain, meshed = (
         candidates.Plan(placement, 2, 4, "fill_drain", "never", (2,), stage_mesh=s)
         for placement, s in [("logical", 1), ("pipeline_mesh", 2)]
@@ -247,7 +326,7 @@ def test_a_stage_mesh_holds_every_weight_in_its_process_and_pays_its_calibrated_
         == 4.0 * (400 + 50)  # the layers and the rest (embedding, softmax)
     )
     assert "mesh" not in before.processes[0].items  # uncalibrated: nothing added
-    model.mesh["2"] = {"step_s": 0.5, "unit_s": 0.01, "fixed_bytes": 3e6, "node_bytes": 10.0}
+    model.mesh["2x2"] = {"step_s": 0.5, "unit_s": 0.01, "fixed_bytes": 3e6, "node_bytes": 10.0}
     after = predict.predict(model, meshed, 1e9, 0.0)
     nodes = 2 * 4 * 200.0  # M micro-batches x (each stage's two layers' ops)
     assert after.processes[0].items["mesh"] == pytest.approx(3e6 + 10.0 * nodes)

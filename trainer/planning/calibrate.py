@@ -1,20 +1,31 @@
-"""What a step of stage processes costs beyond its units' compute and hand-offs, measured on this
-host for one experiment by training it for real.
+"""What the plans' placements cost beyond their layers' timings and hand-offs, measured on this host
+for one experiment by training it for real (each term once, cached with the costs: ``ensure``).
 
 A unit a stage process runs goes through TensorFlow's distributed runtime, and a step of stage
 processes pays for the trainer's call into every stage task: costs the per-layer timings in one
 process (``costs``) and a crossing's time (``grpc_link``) leave out. ``measure`` trains the
 experiment as 2 stage processes (fill-drain, remat never) at two numbers of micro-batches, 2 and the
-largest up to 8 the batch allows (``trial.measure_plan``: a few steps, the median of the last 3),
-predicts each without these terms, and solves measured = predicted + ``stage_step_s`` + n x
-``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least 0), n the units on the
-plan's critical path (a unit's cost lengthens every unit of the timeline: the stages' own overlap).
+largest up to 8 the batch allows (``trial.measure_plan``: ``TRAIN_STEPS`` steps, the median of the
+last ``TIMED_STEPS``), predicts each without these terms, and solves measured = predicted +
+``stage_step_s`` + n x ``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least
+0), n the units on the plan's critical path (a unit's cost lengthens every unit of the timeline: the
+stages' own overlap). The cost per unit is a crossing's between processes, so it applies to the
+units that hand a tensor on (forward, backward, its input half), not to the local weight half. Part
+of the fixed cost comes with each stage task (the trainer's call into it, its part of the step's
+graph run by its executor): where the plans have deeper pipelines, ``measure_tasks`` trains the
+deepest, K stage processes at M = K, and splits the fixed cost of two tasks into one a step and
+``stage_task_s`` a task (each at least 0).
 The same trials' stage processes give the optimizer update's temporaries (the clipped gradients,
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
 prediction, over their weights' bytes (at least 0): the largest, as the planner's "fits" must hold
 for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it
 trains are two of the planner's own.
+
+A unit inside one process's traced step costs more than its layers timed alone (its ops'
+dispatch in the step's executor, the micro-batch's slicing and joins): ``measure_units`` trains
+the experiment as one process at the largest M up to 8 (one stage, fill-drain, remat never) and
+divides its step less its prediction by the units on its critical path: ``process_unit_s``.
 
 Logical devices of one process overlap only partly: their ops run side by side on the host's cores,
 but one process dispatches them all. ``measure_devices`` trains 2 stages on logical devices of one
@@ -24,11 +35,14 @@ predictions with the devices overlapping as separate cores would and with them t
 
 A stage on a DTensor mesh of S logical devices costs what the unsharded per-layer measurements do
 not see either: DTensor's runtime, the tensors every device of the mesh keeps whole, a graph per
-device, the collectives. ``measure_mesh`` trains the experiment as one stage on a mesh of S (in one
-process, fill-drain, remat never) at M = 1 and the largest M up to 8 the batch allows, and solves
-the same two equations for the step (``step_s``, ``unit_s``) and, for memory, measured peak =
+device, the collectives; a pipeline of stage meshes adds the copies between meshes and a runtime
+per mesh. ``measure_mesh`` trains the experiment (in one process, fill-drain, remat never) as one
+stage on a mesh of S at M = 1 and the largest M up to 8 the batch allows, or, for pipelines of
+stage meshes, as two stages on meshes of S at the two M of ``micro_batch_counts``, and solves the
+same two equations for the step (``step_s``, ``unit_s``) and, for memory, measured peak =
 predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes: the traced step's op count, which M
-multiplies). Pipeline x mesh plans with S-device stage meshes use the terms of S.
+multiplies). A plan uses the terms of its ``predict.mesh_key``: one stage's, or two stages' for
+any longer pipeline of S-device meshes.
 """
 
 from __future__ import annotations
@@ -42,7 +56,8 @@ from trainer.planning import candidates, plan_file, predict, trial
 from trainer.planning.costs import ModelCosts, Progress, save
 from trainer.planning.memory import GRAPH_NODE_BYTES, MIB
 
-TRAIN_STEPS = 5
+TRAIN_STEPS = 8  # a calibration trial's steps, the median of the last TIMED_STEPS its step: the
+TIMED_STEPS = 6  # terms it gives every prediction, so they are measured over more steps than a plan is
 TIMEOUT_S = 300.0
 PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path
 
@@ -79,7 +94,8 @@ def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -
     target.progress(f"training {plan.name()} {TRAIN_STEPS} steps ({why})")
     text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
     stages = plan.num_stages if plan.placement == "stage_processes" else 0
-    run = trial.measure_plan(target.model, target.bindings, text, stages, TRAIN_STEPS, TIMEOUT_S)
+    steps = (TRAIN_STEPS, TIMEOUT_S, TIMED_STEPS)
+    run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
     if not run["ok"]:
         raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
     return run
@@ -94,26 +110,67 @@ def _units_on_path(bare: ModelCosts, probed: ModelCosts, plan: candidates.Plan, 
     ) / PROBE_UNIT_S
 
 
+def _stage_plan(costs: ModelCosts, stages: int, m: int) -> candidates.Plan:
+    cut = candidates.split_points(costs, costs.batch_size // m, stages)
+    return candidates.Plan("stage_processes", stages, m, "fill_drain", "never", cut)
+
+
+def _stage_residual(target: Target, costs: ModelCosts, plan: candidates.Plan) -> tuple[float, float, dict]:
+    """``plan`` trained: (units on its critical path, its measured step less its prediction without
+    the stage processes' own terms, the run)."""
+    bare = dataclasses.replace(costs, stage_step_s=0.0, stage_task_s=0.0, stage_unit_s=0.0, update_ratio=0.0)
+    probed = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
+    run = _trial(target, costs, plan, "the stage processes' own costs")
+    pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
+    return _units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s, run
+
+
 def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
-    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``) of ``target`` (module doc);
-    zeros where it cannot be pipelined in two stages."""
+    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``) of ``target`` (module doc; the fixed
+    cost of two stage tasks' step); zeros where it cannot be pipelined in two stages."""
     if costs.num_layers < 2:
         return 0.0, 0.0, 0.0
-    bare = dataclasses.replace(costs, stage_step_s=0.0, stage_unit_s=0.0, update_ratio=0.0)
-    probed = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
-    cut = candidates.split_points(costs, costs.batch_size // 2, 2)
+    bare = dataclasses.replace(costs, update_ratio=0.0)
+    link = (costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
     points, ratios = [], []
     for m in micro_batch_counts(costs.batch_size):
-        plan = candidates.Plan("stage_processes", 2, m, "fill_drain", "never", cut)
-        run = _trial(target, costs, plan, "the stage processes' own costs")
-        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
-        points.append((_units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s))
-        for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
-            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
+        plan = _stage_plan(costs, 2, m)
+        units, residual, run = _stage_residual(target, costs, plan)
+        points.append((units, residual))
+        for process, peak_mib in zip(predict.predict(bare, plan, *link).processes[1:], run["peaks_mib"][1:]):
+            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])  # the stages
     if not points:
         return 0.0, 0.0, 0.0
     step_s, unit_s = _solve(points)  # points: (units on the critical path, residual)
     return step_s, unit_s, max(max(ratios), 0.0)
+
+
+def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> tuple[float, float]:
+    """(``stage_step_s``, ``stage_task_s``): ``measure``'s fixed cost (two tasks') split into one a
+    step and one a stage task by ``stages`` stage processes trained at the least M of at least
+    ``stages`` (fill-drain, remat never): residual = step + ``stages`` x task + units x unit."""
+    two_tasks = costs.stage_step_s
+    m = min((x for x in candidates.divisors(costs.batch_size) if x >= stages), default=0)
+    if stages <= 2 or not m or costs.num_layers < stages:
+        return two_tasks, 0.0
+    units, residual, _ = _stage_residual(target, costs, _stage_plan(costs, stages, m))
+    task_s = max((residual - units * costs.stage_unit_s - two_tasks) / (stages - 2), 0.0)
+    return max(two_tasks - 2 * task_s, 0.0), task_s
+
+
+def measure_units(target: Target, costs: ModelCosts) -> float:
+    """``process_unit_s`` (module doc): one process at the largest M up to 8 (one stage, fill-drain,
+    remat never), its step less its prediction without the term, over the units on its critical
+    path (at least 0); 0 where the batch allows one micro-batch only."""
+    counts = micro_batch_counts(costs.batch_size)
+    if not counts:
+        return 0.0
+    plan = candidates.Plan("one_process", 1, counts[-1], "fill_drain", "never", ())
+    run = _trial(target, costs, plan, "a unit's own cost in one process")
+    bare, probed = (dataclasses.replace(costs, process_unit_s=x) for x in (0.0, PROBE_UNIT_S))
+    pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
+    units = _units_on_path(bare, probed, plan, target.host_cores)
+    return max((run["step_s"] - pred.step_s) / units, 0.0) if units > 0 else 0.0
 
 
 def measure_devices(target: Target, costs: ModelCosts) -> float:
@@ -135,16 +192,20 @@ def measure_devices(target: Target, costs: ModelCosts) -> float:
     return min(max((run["step_s"] - apart) / (turns - apart), 0.0), 1.0) if turns > apart else 1.0
 
 
-def measure_mesh(target: Target, costs: ModelCosts, stage_mesh: int) -> dict[str, float]:
-    """A stage mesh of ``stage_mesh`` devices' terms (module doc): step_s, unit_s, fixed_bytes,
-    node_bytes."""
+def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float]:
+    """The terms of stage meshes ``key`` (``predict.mesh_key``: stages x mesh size; module doc):
+    step_s, unit_s, fixed_bytes, node_bytes."""
+    stages, size = (int(x) for x in key.split("x"))
     bare = dataclasses.replace(costs, mesh={})
     probe = {"step_s": 0.0, "unit_s": PROBE_UNIT_S, "fixed_bytes": 0.0, "node_bytes": 0.0}
-    probed = dataclasses.replace(costs, mesh={str(stage_mesh): probe})
+    probed = dataclasses.replace(costs, mesh={key: probe})
+    counts = micro_batch_counts(costs.batch_size)
+    counts = counts if stages > 1 else [1, *counts[-1:]]
     steps, memory = [], []
-    for m in sorted({1, max(x for x in candidates.divisors(costs.batch_size) if x <= 8)}):
-        plan = candidates.Plan("pipeline_mesh", 1, m, "fill_drain", "never", (), stage_mesh=stage_mesh)
-        run = _trial(target, costs, plan, "a stage mesh's own costs")
+    for m in sorted(set(counts)):
+        cut = candidates.split_points(costs, costs.batch_size // m, stages) if stages > 1 else ()
+        plan = candidates.Plan("pipeline_mesh", stages, m, "fill_drain", "never", cut, stage_mesh=size)
+        run = _trial(target, costs, plan, "stage meshes' own costs")
         pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
         steps.append((_units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s))
         process = pred.processes[0]
@@ -157,17 +218,28 @@ def measure_mesh(target: Target, costs: ModelCosts, stage_mesh: int) -> dict[str
 
 def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candidates.Plan]) -> None:
     """Measures, once, the terms ``plans`` need that ``costs`` lacks (the stage processes' for a
-    stage-process plan, ``devices_serial`` for one on several logical devices of a process, each
-    stage-mesh size's for a mesh plan), saving each to the ``cache`` file."""
+    stage-process plan, and their cost a task for deeper ones; ``process_unit_s`` for a pipelined
+    plan in one process, ``devices_serial`` for one on several logical devices of a process, each
+    ``predict.mesh_key``'s for a mesh plan), saving each to the ``cache`` file."""
     plans = list(plans)
-    if costs.stage_step_s < 0 and any(p.placement == "stage_processes" for p in plans):
+    deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)
+    if costs.stage_step_s < 0 and deepest:
         costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(target, costs)
+        save(costs, cache)
+    if costs.stage_task_s < 0 and deepest > 2:
+        costs.stage_step_s, costs.stage_task_s = measure_tasks(target, costs, deepest)
+        save(costs, cache)
+    pipelined = [
+        p for p in plans if p.placement != "stage_processes" and p.num_stages * p.num_micro_batches > 1
+    ]
+    if costs.process_unit_s < 0 and pipelined:
+        costs.process_unit_s = measure_units(target, costs)
         save(costs, cache)
     in_process = ("logical", "pipeline_mesh")
     if costs.devices_serial < 0 and any(p.placement in in_process and p.num_stages > 1 for p in plans):
         costs.devices_serial = measure_devices(target, costs)
         save(costs, cache)
-    for size in sorted({p.stage_mesh for p in plans if p.placement == "pipeline_mesh"}):
-        if str(size) not in costs.mesh:
-            costs.mesh[str(size)] = measure_mesh(target, costs, size)
+    for key in sorted({predict.mesh_key(p) for p in plans if p.placement == "pipeline_mesh"}):
+        if key not in costs.mesh:
+            costs.mesh[key] = measure_mesh(target, costs, key)
             save(costs, cache)

@@ -5,16 +5,18 @@ from its forward), one plain step's time outside the stack, TensorFlow's own foo
 The cache is one JSON file per experiment, params and host: ``<cache>/<experiment>-<params hash>-<host>.json``
 where ``<cache>`` is ``$TENSORPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tensorpipe/plan``, else
 ``~/.cache/tensorpipe/plan``. The params hash covers the resolved Params less the keys a plan sets
-(the pipeline's knobs, the cluster), so every plan of one experiment shares its costs. Micro-batch
-sizes not yet measured are measured and added; delete the file to measure again.
+(the pipeline's knobs, the cluster), so every plan of one experiment shares its costs, and the
+cache's format (``CACHE_FORMAT``). Micro-batch sizes not yet measured are measured and added;
+delete the file to measure again.
 
 How: the task is built without its pipeline (the stack's layers in one process, on the host CPU);
 layers of equal Params are measured once. For each micro-batch size b, a layer's forward, its
 forward with the input's gradient, and its forward with every gradient are traced as graph functions
-on a random [b, ...] input and timed (the median of ``REPEATS`` runs after two warm-ups), less the
-time of calling a graph function that only sums its input (the call's own cost, which a unit inside
-the traced step does not pay); the backward is the last minus the forward, its input half the second
-minus the forward, its weight half the rest. The bytes kept are the forward's output tensors that
+on a random [b, ...] input and timed in turn (``_interleaved_seconds``: the median of ``REPEATS``
+rounds, each over calls lasting at least ``SAMPLE_S``), less the time of calling a graph function
+that only sums its input (the call's own cost, which a unit inside the traced step does not pay);
+the backward is the last minus the forward, its input half the second minus the forward, its
+weight half the rest. The bytes kept are the forward's output tensors that
 the traced gradient reads (the activations a backward needs), read off the graph. The step outside
 the stack (embedding, loss, optimizer) is a plain training step of the whole model at the full batch
 minus its layers' forward and backward. TensorFlow's footprint is the peak resident memory of a
@@ -43,6 +45,10 @@ from params.hyperparams import Params
 from trainer.planning import grpc_link
 
 REPEATS = 5
+# What the cache's figures mean: part of the params hash, so a file another version of the planner
+# measured is never read as this one's.
+CACHE_FORMAT = 2
+SAMPLE_S = 0.02  # a timing sample's least length: calls of a small layer repeated to reach it
 CACHE_ENV = "TENSORPIPE_CACHE_DIR"
 PLAN_KEYS = (  # the pipeline knobs a plan sets (left out of the params hash)
     "num_stages",
@@ -89,6 +95,7 @@ def params_hash(root: Params) -> str:
         lines.append(f"{key}={value!r}")
     for name in root.input.names():
         lines.extend(f"input.{name}.{k}={v!r}" for k, v in root.input.get(name))
+    lines.append(f"cache_format={CACHE_FORMAT}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
 
@@ -119,13 +126,18 @@ class ModelCosts:
     grpc_hop_s: float = 0.0  # a tensor's crossing between two TensorFlow processes (grpc_link)
     grpc_bytes_per_s: float = 0.0
     stage_step_s: float = -1.0  # a stage-process step's fixed cost (calibrate); < 0: unmeasured
+    stage_task_s: float = -1.0  # and its fixed cost a stage task (calibrate); < 0: unmeasured (0)
     # how far one process's logical devices take turns (calibrate.measure_devices): 0, they overlap as
     # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
     devices_serial: float = -1.0
-    stage_unit_s: float = 0.0  # and its cost per unit
+    # a unit's own cost inside one process's traced step beyond its layers' timings
+    # (calibrate.measure_units); < 0: unmeasured (0)
+    process_unit_s: float = -1.0
+    stage_unit_s: float = 0.0  # and its cost per unit that hands a tensor to another process
     update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
-    # per stage-mesh size S (str(S)): what a stage on a DTensor mesh costs beyond its unsharded
-    # layers (calibrate.measure_mesh): step_s, unit_s, fixed_bytes, node_bytes
+    # per ``predict.mesh_key`` (one stage or a pipeline x mesh size S): what stages on DTensor meshes
+    # cost beyond their unsharded layers (calibrate.measure_mesh): step_s, unit_s, fixed_bytes,
+    # node_bytes
     mesh: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     per_size: dict[int, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
@@ -173,15 +185,27 @@ def _stack_layers(task: Any) -> list[Any]:
     raise ValueError(f"{type(task).__name__} has no pipelined stack (a layer with params.pipeline)")
 
 
-def _median_seconds(fn: Callable[[], Any]) -> float:
-    for _ in range(2):
-        fn().numpy()
-    times = []
-    for _ in range(REPEATS):
+def _interleaved_seconds(fns: list[Callable[[], Any]]) -> list[float]:
+    """Each of ``fns``' seconds a call: ``REPEATS`` rounds, each timing every function in turn over
+    calls lasting at least ``SAMPLE_S`` together (per call: their time over their count), after two
+    warm-ups; the median of the rounds. Timing the functions in turn, not one after the other, lets
+    a busy moment of the host slow them alike: their differences (a backward, a call's own cost)
+    are what the planner uses."""
+    calls = []
+    for fn in fns:
+        for _ in range(2):
+            fn().numpy()
         start = time.perf_counter()
         fn().numpy()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        calls.append(max(1, min(100, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))))
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(REPEATS):
+        for fn, n, out in zip(fns, calls, times):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn().numpy()
+            out.append((time.perf_counter() - start) / n)
+    return [statistics.median(t) for t in times]
 
 
 def _layer_figures(layer: Any, width: int, seq: int, b: int) -> dict[str, float]:
@@ -210,10 +234,9 @@ def _layer_figures(layer: Any, width: int, seq: int, b: int) -> dict[str, float]
     fb = tf.function(lambda x: with_grads(x, True), autograph=False)
     empty = tf.function(lambda x: tf.reduce_sum(x), autograph=False)
     # A call's own cost (dispatch, the sum), which a unit inside a traced step does not pay.
-    t_call = _median_seconds(lambda: empty(x))
-    t_f = max(_median_seconds(lambda: f(x)) - t_call, 0.0)
-    t_i = _median_seconds(lambda: fi(x)) - t_call
-    t_b = _median_seconds(lambda: fb(x)) - t_call
+    timed = [lambda: empty(x), lambda: f(x), lambda: fi(x), lambda: fb(x)]
+    t_call, t_f, t_i, t_b = _interleaved_seconds(timed)
+    t_f, t_i, t_b = max(t_f - t_call, 0.0), t_i - t_call, t_b - t_call
     graph = fb.get_concrete_function(x).graph
     kept = _kept_bytes(graph)
     return {

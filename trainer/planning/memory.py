@@ -19,7 +19,8 @@
     all_reduce   replicas: one more copy of the gradients, the all-reduce's buffer
     mesh         stages on a DTensor mesh of S devices: what DTensor keeps beyond the unsharded
                  layers' items (its runtime, the replicated tensors, the per-device graphs), a fixed
-                 part and a part per graph node, calibrated for each S (``calibrate.measure_mesh``)
+                 part and a part per graph node, calibrated for one stage and for a pipeline of
+                 stage meshes of each S (``calibrate.measure_mesh``)
 
 What it leaves out is in docs/plan.md.
 """
@@ -27,9 +28,11 @@ What it leaves out is in docs/plan.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from trainer.planning.costs import ModelCosts
+from trainer.planning.pipeline_api import held
 
 MIB = 2**20
 # What a process of each kind keeps beyond the baseline besides its model (``runtime``: for stage
@@ -91,9 +94,34 @@ def part_bytes(costs: ModelCosts, micro_batch: int, bounds: Sequence[int]) -> tu
     return full, inputs
 
 
-# A schedule that splits the backward (I, then W from per-layer tapes) traces that many times the
-# nodes: fitted on the trainer of K=2 stage processes at 8 x 128, M=2, ZB-H1 beside fill-drain.
-SPLIT_BACKWARD_NODES = 2.4
+# A layer whose weight gradient the weight half of a split backward (W) takes traces that many
+# times the nodes of one whose backward is one pass: I's gradient to the stage's input and to the
+# layer's weight cut, then W's from the cut (``layers.parallel.pipeline.weight_cut``). Fitted on one
+# process at 8 x 128, K=8 and K=4 on logical devices, M=8: ZB-H2 and 1F1B-split (every layer's W
+# deferred at K=8, one layer in two at K=4) beside fill-drain.
+DEFERRED_NODES = 2.8
+# The trainer of stage processes keeps what a deferred W adds to its stages' graphs that many times
+# over (per node, at its own ``GRAPH_NODE_BYTES``): fitted on its VmHWM at 8 x 128 and 8 x 512, K=2
+# and K=4, ZB-H1 and ZB-H2, M=2 to 8, beside fill-drain.
+TRAINER_DEFERRED_EXTRA = 1.8
+
+
+def deferred_layers(schedule: Any, bounds: Sequence[int], unit_bytes: float) -> list[set[int]]:
+    """Per part of the cut ``bounds`` under a split-backward ``schedule`` (a built
+    ``schedule.Schedule``), the layers whose weight gradient W takes: the executor's own choice
+    (``held.weight_budgets``, ``held.deferred_segments``), each layer a segment that keeps its input
+    and output (``unit_bytes`` each; the first part's input is the pipeline's own and counts for
+    neither) and holds both from I to W."""
+    kept, held_bytes = [], []
+    for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        first_free = s == 0
+        kept.append(int((b - a + 1 - first_free) * unit_bytes))
+        held_bytes.append([int(unit_bytes * (1 if first_free and i == a else 2)) for i in range(a, b)])
+    budgets = held.weight_budgets(schedule, kept)
+    return [
+        set(range(a, a + held.deferred_segments(budget, sizes)))
+        for a, budget, sizes in zip(bounds[:-1], budgets, held_bytes)
+    ]
 
 
 def graph_nodes(
@@ -102,10 +130,11 @@ def graph_nodes(
     layers: Sequence[int],
     micro_batches: int,
     remat: str,
-    split_backward: bool = False,
+    deferred: Collection[int] = (),
 ) -> float:
-    """The op count of a traced step over ``layers`` (indices) for ``micro_batches`` micro-batches."""
+    """The op count of a traced step over ``layers`` (indices) for ``micro_batches`` micro-batches;
+    ``deferred``: the layers whose weight gradient a split backward's W takes."""
     ops = costs.per_size[micro_batch]["ops"]
-    per = sum(ops[i] for i in layers) * (SPLIT_BACKWARD_NODES if split_backward else 1.0)
+    per = sum(ops[i] * (DEFERRED_NODES if i in deferred else 1.0) for i in layers)
     recompute = {"never": 0.0, "except_last": (micro_batches - 1) / micro_batches, "always": 1.0}[remat]
     return per * micro_batches * (1.0 + recompute / 3.0)  # a recompute is a forward: a third of F + B

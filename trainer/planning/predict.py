@@ -7,14 +7,20 @@ halves), with every hand-off between stage processes costing the link's latency 
 the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: measured at the
 full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
-over the link). Logical devices of one process overlap only partly (their ops' dispatch is the
+over the link). A unit inside one process's traced step costs a calibrated ``process_unit_s`` beyond
+its layers' isolated timings (its ops' dispatch in the step's executor, the micro-batch's slicing
+and joins). Logical devices of one process overlap only partly (their ops' dispatch is the
 process's): an in-process pipeline's step lies between the schedule's timeline and the sum of all
 its units, ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at
 once beyond the host's cores (``host_cores``) take turns: the step is at least all their units'
 compute over the cores (a unit's calibrated dispatch cost waits on the runtime and is left out).
 Stage processes and stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost
-a step and a cost per unit. Memory: ``memory``'s items per process; a stage mesh's shards all live
-in the one process (every weight whole across its S devices), plus its calibrated ``mesh`` item.
+a step (stage processes': and one a stage task) and a cost per unit (a stage process's: a unit that
+hands a tensor to another process; a mesh's: every unit, one stage's or a pipeline's of two,
+``mesh_key``). Memory:
+``memory``'s items per process; a stage mesh's shards all live in the one process (every weight
+whole across its S devices), plus its calibrated ``mesh`` item. A split backward's graph counts the
+layers whose weight gradient W takes (``memory.deferred_layers``: the executor's own choice).
 """
 
 from __future__ import annotations
@@ -80,19 +86,33 @@ def _bounds(plan: Plan, num_layers: int) -> list[int]:
     return [0, *plan.split_points, num_layers]
 
 
-def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float, unit_s: float = 0.0) -> Any:
+def stage_costs(
+    costs: ModelCosts,
+    plan: Plan,
+    micro_batch: int,
+    transfer: float,
+    unit_s: float = 0.0,
+    every_unit: bool = True,
+) -> Any:
     """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit ``unit_s``
-    longer (a stage process's dispatch of it)."""
+    longer (a stage mesh's dispatch of it), or with ``every_unit`` False only the units that hand a
+    tensor to another process (F, B, I: a stage process's cost a crossing; W and R stay local)."""
     figures = costs.per_size[micro_batch]
     bounds = _bounds(plan, costs.num_layers)
 
     def sums(name: str) -> list[float]:
-        return [float(sum(figures[name][a:b])) + unit_s for a, b in zip(bounds[:-1], bounds[1:])]
+        return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
 
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
-    b_w = [max(b - i, 0.0) + unit_s for b, i in zip(backward, b_in)]
+    local = unit_s if every_unit else 0.0
+    b_w = [max(b - i, 0.0) + local for b, i in zip(backward, b_in)]
     return simulator.StageCosts.given(
-        forward, backward, forward, transfer, backward_input=b_in, backward_weight=b_w
+        [f + unit_s for f in forward],
+        [b + unit_s for b in backward],
+        [f + unit_s for f in forward],
+        transfer,
+        backward_input=[i + unit_s for i in b_in],
+        backward_weight=b_w,
     )
 
 
@@ -106,6 +126,13 @@ def handoff_seconds(
     return hop + num_bytes / rate
 
 
+def mesh_key(plan: Plan) -> str:
+    """The calibrated stage-mesh terms ``plan`` uses (``costs.mesh``): ``<stages>x<mesh size>``, one
+    stage's, or two stages' for a pipeline of stage meshes (their cross-mesh copies, two meshes'
+    runtimes)."""
+    return f"{min(plan.num_stages, 2)}x{plan.stage_mesh}"
+
+
 def predict(
     costs: ModelCosts, plan: Plan, link_bytes_per_s: float, link_latency_s: float, host_cores: int = 0
 ) -> Prediction:
@@ -116,21 +143,25 @@ def predict(
     handoff = float(b * costs.example_bytes)
     remote = plan.placement == "stage_processes"
     transfer = handoff_seconds(costs, handoff, link_bytes_per_s, link_latency_s) if remote else 0.0
-    meshed = costs.mesh.get(str(plan.stage_mesh), {}) if plan.placement == "pipeline_mesh" else {}
-    unit_s = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)
-    sc = stage_costs(costs, plan, b, transfer, unit_s)
-    sim = simulator.simulate(plan.schedule, m, plan.remat, sc, v)
+    meshed = costs.mesh.get(mesh_key(plan), {}) if plan.placement == "pipeline_mesh" else {}
+    dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # waits on the runtime
+    pipelines = k * m > 1 or plan.remat != "never"  # else the plain step, which rest_seconds measured
+    own = max(costs.process_unit_s, 0.0) if not remote and pipelines else 0.0  # holds a core
+    sc = stage_costs(costs, plan, b, transfer, dispatch + own, every_unit=not remote)
+    sched = schedule.build(plan.schedule, k, m, plan.remat, v)
+    sim = simulator.simulate(sched, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
     pipelined = sim.step_time
     if not remote:  # logical devices overlap partly (module doc)
         serial = costs.devices_serial if costs.devices_serial >= 0 else 1.0
         pipelined += serial * max(busy - pipelined, 0.0)
     if host_cores:  # every process's units' compute (R replicas: R times one's) on the host's cores
-        compute = busy - len(sim.events) * unit_s  # a unit's dispatch waits on the runtime, not a core
+        charged = sum(1 for e in sim.events if not remote or e.kind != schedule.BACKWARD_WEIGHT)
+        compute = busy - charged * dispatch  # a unit's dispatch waits on the runtime, not a core
         pipelined = max(pipelined, compute * plan.replicas / host_cores)
     step = pipelined + costs.rest_seconds / plan.replicas + meshed.get("step_s", 0.0)
-    if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed cost
-        step += 2 * transfer + max(costs.stage_step_s, 0.0)
+    if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed costs
+        step += 2 * transfer + max(costs.stage_step_s, 0.0) + k * max(costs.stage_task_s, 0.0)
     grad_bytes = 4.0 * costs.total_params
     if plan.replicas > 1:
         r = plan.replicas
@@ -140,6 +171,8 @@ def predict(
     bounds = _bounds(plan, costs.num_layers)
     full, inputs = memory.part_bytes(costs, b, bounds)
     kept = costs.per_size[b]["kept_bytes"]
+    split = plan.schedule in schedule.SPLIT_BACKWARD
+    deferred = memory.deferred_layers(sched, bounds, handoff) if split else [set()] * len(full)
     if plan.remat == "never":
         peak = held.peak_held(list(sim.events), full)
     else:
@@ -149,7 +182,7 @@ def predict(
                 h + max(full[s] - inputs[s] for s in range(len(full)) if s % k == d)
                 for d, h in enumerate(peak)
             ]
-    devices = []
+    devices, base_nodes = [], 0.0  # base_nodes: without W's deferred layers
     for d in range(k):
         parts = [s for s in range(len(full)) if s % k == d]
         layers = [i for s in parts for i in range(bounds[s], bounds[s + 1])]
@@ -162,8 +195,9 @@ def predict(
         items = memory.state_items(costs, params)
         items["activations"] = float(peak[d])
         items["workspace"] = float(work)
-        split = plan.schedule in schedule.SPLIT_BACKWARD
-        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat, split)  # nodes; bytes below
+        taken = set().union(*(deferred[s] for s in parts))
+        items["graph"] = memory.graph_nodes(costs, b, layers, m, plan.remat, taken)  # nodes; bytes below
+        base_nodes += memory.graph_nodes(costs, b, layers, m, plan.remat)
         devices.append(items)
     base = costs.baseline_mib * MIB
     other = memory.state_items(costs, float(costs.other_params))
@@ -175,7 +209,8 @@ def predict(
         processes = [
             ProcessMemory("trainer", {"baseline": base, "runtime": runtime["stage_trainer"], **other})
         ]
-        processes[0].items["graph"] = nodes * node_bytes["stage_trainer"]
+        trainer_nodes = base_nodes + memory.TRAINER_DEFERRED_EXTRA * (nodes - base_nodes)
+        processes[0].items["graph"] = trainer_nodes * node_bytes["stage_trainer"]
         for d, items in enumerate(devices):
             items["graph"] *= node_bytes["stage"]
             processes.append(

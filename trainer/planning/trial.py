@@ -3,8 +3,9 @@
 
 ``measure_plan`` runs one; each process is ``python -m trainer.planning.trial --worker=JSON``. The
 planner's calibration (``calibrate``) and ``tools.benchmark plan`` use it. A step is the median of the
-last 3 (the first traces the step); a process's peak is its VmHWM (Linux's high-water mark of its
-resident memory: ``ru_maxrss`` would carry over the parent's across exec).
+last 3 (the first traces the step; the calibration asks for more); a process's peak is its VmHWM
+(Linux's high-water mark of its resident memory: ``ru_maxrss`` would carry over the parent's across
+exec).
 """
 
 from __future__ import annotations
@@ -85,11 +86,17 @@ def run_worker(spec: dict) -> int:
 
 # ------------------------------------------------------------------------------------------ driver
 def measure_plan(
-    model: str, bindings: list[str], plan_text: str, stages: int, train_steps: int, timeout: float
+    model: str,
+    bindings: list[str],
+    plan_text: str,
+    stages: int,
+    train_steps: int,
+    timeout: float,
+    timed_steps: int = 3,
 ) -> dict:
     """Trains experiment ``model`` (with gin ``bindings``) under the params of ``plan_text`` with
-    ``stages`` stage processes (0: in one process): {"ok", "step_s", "peaks_mib" (trainer first)}, or
-    {"ok": False, "why"}."""
+    ``stages`` stage processes (0: in one process): {"ok", "step_s" (the median of the last
+    ``timed_steps``), "peaks_mib" (trainer first)}, or {"ok": False, "why"}."""
     spec = {
         "model": model,
         "bindings": bindings,
@@ -140,7 +147,7 @@ def measure_plan(
     times = result["times"]
     return {
         "ok": True,
-        "step_s": statistics.median(times[-3:]),
+        "step_s": statistics.median(times[-timed_steps:]),
         "peaks_mib": [round(result["peak_rss_mib"], 1)] + [round(p, 1) for p in stage_peaks],
     }
 
