@@ -133,7 +133,7 @@ class ModelCosts:
     # a unit's own cost inside one process's traced step beyond its layers' timings
     # (calibrate.measure_units); < 0: unmeasured (0)
     process_unit_s: float = -1.0
-    stage_unit_s: float = 0.0  # and its cost per unit that hands a tensor to another process
+    stage_unit_s: float = 0.0  # and its cost per unit (but a split backward's W: no crossing)
     update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
     # per ``predict.mesh_key`` (one stage or a pipeline x mesh size S): what stages on DTensor meshes
     # cost beyond their unsharded layers (calibrate.measure_mesh): step_s, unit_s, fixed_bytes,

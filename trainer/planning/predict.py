@@ -14,13 +14,13 @@ process's): an in-process pipeline's step lies between the schedule's timeline a
 its units, ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at
 once beyond the host's cores (``host_cores``) take turns: the step is at least all their units'
 compute over the cores (a unit's calibrated dispatch cost waits on the runtime and is left out).
-Stage processes and stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost
-a step (stage processes': and one a stage task) and a cost per unit (a stage process's: a unit that
-hands a tensor to another process; a mesh's: every unit, one stage's or a pipeline's of two,
-``mesh_key``). Memory:
-``memory``'s items per process; a stage mesh's shards all live in the one process (every weight
-whole across its S devices), plus its calibrated ``mesh`` item. A split backward's graph counts the
-layers whose weight gradient W takes (``memory.deferred_layers``: the executor's own choice).
+Stage processes and stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed
+cost a step (stage processes': and one a stage task) and a cost per unit (a stage process's: every
+unit but a split backward's W, which hands nothing to another process; a mesh's: every unit, one
+stage's or a pipeline's of two, ``mesh_key``). Memory: ``memory``'s items per process; a stage
+mesh's shards all live in the one process (every weight whole across its S devices), plus its
+calibrated ``mesh`` item. A split backward's graph counts the layers whose weight gradient W takes
+(``memory.deferred_layers``: the executor's own choice).
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def stage_costs(
     every_unit: bool = True,
 ) -> Any:
     """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit ``unit_s``
-    longer (a stage mesh's dispatch of it), or with ``every_unit`` False only the units that hand a
-    tensor to another process (F, B, I: a stage process's cost a crossing; W and R stay local)."""
+    longer (its dispatch), or with ``every_unit`` False all but the weight half W (a stage process's
+    cost a crossing: W hands nothing to another process)."""
     figures = costs.per_size[micro_batch]
     bounds = _bounds(plan, costs.num_layers)
 
