@@ -9,12 +9,12 @@ largest up to 8 the batch allows (``trial.measure_plan``: ``TRAIN_STEPS`` steps,
 last ``TIMED_STEPS``), predicts each without these terms, and solves measured = predicted +
 ``stage_step_s`` + n x ``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least
 0), n the units on the plan's critical path (a unit's cost lengthens every unit of the timeline: the
-stages' own overlap). The cost per unit is mostly a crossing's between processes, so the weight
-half of a split backward, which hands nothing to another process, does not pay it. Part
-of the fixed cost comes with each stage task (the trainer's call into it, its part of the step's
-graph run by its executor): where the plans have deeper pipelines, ``measure_tasks`` trains the
-deepest, K stage processes at M = K, and splits the fixed cost of two tasks into one a step and
-``stage_task_s`` a task (each at least 0).
+stages' own overlap). The cost per unit is mostly a crossing's between processes, so the weight half
+of a split backward, which hands nothing to another process, does not pay it. Part of the fixed cost
+comes with each stage task (the trainer's call into it, its part of the step's graph run by its
+executor): where the plans have deeper pipelines, ``measure_tasks`` trains the deepest, K stage
+processes at M = K, and splits the fixed cost of two tasks into one a step and ``stage_task_s`` a
+task (each at least 0).
 The same trials' stage processes give the optimizer update's temporaries (the clipped gradients,
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
