@@ -271,13 +271,14 @@ def test_the_stage_processes_fixed_costs_split_into_a_steps_and_a_tasks(monkeypa
     truth = {"step": 4e-3, "task": 9e-3, "unit": 1e-3}
     trained = []
 
-    def residual(target, model, plan):
+    def residual(target, plan, bare, probed, why):
         units = 3.0 * plan.num_micro_batches + plan.num_stages  # any count the solve must respect
         trained.append((plan.num_stages, plan.num_micro_batches))
         r = truth["step"] + plan.num_stages * truth["task"] + units * truth["unit"]
-        return units, r, {"peaks_mib": [0.0] * (plan.num_stages + 1)}
+        run = {"peaks_mib": [0.0] * (plan.num_stages + 1)}
+        return units, r, run, predict.predict(bare, plan, bare.link_bytes_per_s, 0.0)
 
-    monkeypatch.setattr(calibrate, "_stage_residual", residual)
+    monkeypatch.setattr(calibrate, "_against", residual)
     model = _uniform_costs()
     model.link_bytes_per_s = 1e9
     target = calibrate.Target("x", [], "p", 2, lambda _: None)

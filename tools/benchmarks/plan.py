@@ -71,6 +71,11 @@ def resolve(model: str, gin: list[str]):  # noqa: ANN201
     return root
 
 
+def cost_name(model: str, layers: int, width: int) -> str:
+    """The costs' cache name of ``model`` at one size, planned at ``CORES_PER_PROCESS``."""
+    return f"{model}-{layers}x{width}-c{CORES_PER_PROCESS}"
+
+
 def planned_largest(
     ladder: list, budget_mib: float, processes: int, train_steps: int, timeout: float, verbose: bool
 ) -> dict:
@@ -86,14 +91,13 @@ def planned_largest(
             print(f"capacity benchmark: planned_k4: {message}", file=sys.stderr, flush=True)
 
     def best_plan(layers: int, width: int):  # noqa: ANN202
-        root = resolve(MODEL, bindings(layers, width, short=False))
+        gin = bindings(layers, width, short=False)
+        root = resolve(MODEL, gin)
         sizes = candidates.micro_batch_sizes(int(root.input.train.batch_size), processes)
-        name = f"{MODEL}-{layers}x{width}-c{CORES_PER_PROCESS}"
-        model_costs, cache, _ = costs.load_or_measure(root, name, sizes, say)
+        model_costs, cache, _ = costs.load_or_measure(root, cost_name(MODEL, layers, width), sizes, say)
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         cores = len(os.sched_getaffinity(0))  # every process of the plan runs on this host
         prefix = costs.pipeline_prefix(root)
-        gin = bindings(layers, width, short=False)
         plans = list(candidates.enumerate_plans(model_costs, processes))
         calibrate.ensure(calibrate.Target(MODEL, gin, prefix, cores, say), model_costs, cache, plans)
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
@@ -101,7 +105,7 @@ def planned_largest(
             (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
         )
         say(f"{layers}x{width}: {fitting[0].plan.name() if fitting else 'no plan fits'}")
-        return (fitting[0], costs.pipeline_prefix(root), model_costs) if fitting else None
+        return (fitting[0], prefix, model_costs) if fitting else None
 
     fits, fails, step, found, failure = -1, len(ladder), 1, None, None
     while fails - fits > 1:
@@ -250,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         gin = bindings(layers, width, model=model)
         root = resolve(model, gin)
         prefix = costs.pipeline_prefix(root)
-        name = f"{model}-{layers}x{width}-c{CORES_PER_PROCESS}"
+        name = cost_name(model, layers, width)
         sample = candidates.micro_batch_sizes(int(root.input.train.batch_size), args.processes)
         progress = (
             (lambda m: print(f"plan benchmark: {m}", file=sys.stderr, flush=True))

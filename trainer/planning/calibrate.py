@@ -60,6 +60,7 @@ TRAIN_STEPS = 8  # a calibration trial's steps, the median of the last TIMED_STE
 TIMED_STEPS = 6  # terms it gives every prediction, so they are measured over more steps than a plan is
 TIMEOUT_S = 300.0
 PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path
+STAGE_WHY = "the stage processes' own costs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,13 +102,17 @@ def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -
     return run
 
 
-def _units_on_path(bare: ModelCosts, probed: ModelCosts, plan: candidates.Plan, host_cores: int) -> float:
-    """How many units lie on ``plan``'s critical path: its step's growth from ``bare`` to ``probed``
-    (every unit ``PROBE_UNIT_S`` longer)."""
-    link = (bare.link_bytes_per_s, bare.link_latency_s, host_cores)
-    return (
-        predict.predict(probed, plan, *link).step_s - predict.predict(bare, plan, *link).step_s
-    ) / PROBE_UNIT_S
+def _against(
+    target: Target, plan: candidates.Plan, bare: ModelCosts, probed: ModelCosts, why: str
+) -> tuple[float, float, dict, predict.Prediction]:
+    """``plan`` trained and predicted from ``bare`` (without the terms being measured): the units on
+    its critical path (its step's growth to ``probed``, every unit ``PROBE_UNIT_S`` longer), its
+    measured step less the prediction, the run, and the prediction."""
+    run = _trial(target, bare, plan, why)
+    link = (bare.link_bytes_per_s, bare.link_latency_s, target.host_cores)
+    pred = predict.predict(bare, plan, *link)
+    units = (predict.predict(probed, plan, *link).step_s - pred.step_s) / PROBE_UNIT_S
+    return units, run["step_s"] - pred.step_s, run, pred
 
 
 def _stage_plan(costs: ModelCosts, stages: int, m: int) -> candidates.Plan:
@@ -115,14 +120,10 @@ def _stage_plan(costs: ModelCosts, stages: int, m: int) -> candidates.Plan:
     return candidates.Plan("stage_processes", stages, m, "fill_drain", "never", cut)
 
 
-def _stage_residual(target: Target, costs: ModelCosts, plan: candidates.Plan) -> tuple[float, float, dict]:
-    """``plan`` trained: (units on its critical path, its measured step less its prediction without
-    the stage processes' own terms, the run)."""
+def _without_stage_terms(costs: ModelCosts) -> tuple[ModelCosts, ModelCosts]:
+    """``costs`` without the stage processes' own terms, and the same with the probe's unit cost."""
     bare = dataclasses.replace(costs, stage_step_s=0.0, stage_task_s=0.0, stage_unit_s=0.0, update_ratio=0.0)
-    probed = dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
-    run = _trial(target, costs, plan, "the stage processes' own costs")
-    pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
-    return _units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s, run
+    return bare, dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
 
 
 def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
@@ -130,15 +131,13 @@ def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
     cost of two stage tasks' step); zeros where it cannot be pipelined in two stages."""
     if costs.num_layers < 2:
         return 0.0, 0.0, 0.0
-    bare = dataclasses.replace(costs, update_ratio=0.0)
-    link = (costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
+    bare, probed = _without_stage_terms(costs)
     points, ratios = [], []
     for m in micro_batch_counts(costs.batch_size):
-        plan = _stage_plan(costs, 2, m)
-        units, residual, run = _stage_residual(target, costs, plan)
+        units, residual, run, pred = _against(target, _stage_plan(costs, 2, m), bare, probed, STAGE_WHY)
         points.append((units, residual))
-        for process, peak_mib in zip(predict.predict(bare, plan, *link).processes[1:], run["peaks_mib"][1:]):
-            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])  # the stages
+        for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
+            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
         return 0.0, 0.0, 0.0
     step_s, unit_s = _solve(points)  # points: (units on the critical path, residual)
@@ -153,7 +152,9 @@ def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> tuple[float
     m = min((x for x in candidates.divisors(costs.batch_size) if x >= stages), default=0)
     if stages <= 2 or not m or costs.num_layers < stages:
         return two_tasks, 0.0
-    units, residual, _ = _stage_residual(target, costs, _stage_plan(costs, stages, m))
+    units, residual, _, _ = _against(
+        target, _stage_plan(costs, stages, m), *_without_stage_terms(costs), STAGE_WHY
+    )
     task_s = max((residual - units * costs.stage_unit_s - two_tasks) / (stages - 2), 0.0)
     return max(two_tasks - 2 * task_s, 0.0), task_s
 
@@ -166,11 +167,9 @@ def measure_units(target: Target, costs: ModelCosts) -> float:
     if not counts:
         return 0.0
     plan = candidates.Plan("one_process", 1, counts[-1], "fill_drain", "never", ())
-    run = _trial(target, costs, plan, "a unit's own cost in one process")
     bare, probed = (dataclasses.replace(costs, process_unit_s=x) for x in (0.0, PROBE_UNIT_S))
-    pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
-    units = _units_on_path(bare, probed, plan, target.host_cores)
-    return max((run["step_s"] - pred.step_s) / units, 0.0) if units > 0 else 0.0
+    units, residual, _, _ = _against(target, plan, bare, probed, "a unit's own cost in one process")
+    return max(residual / units, 0.0) if units > 0 else 0.0
 
 
 def measure_devices(target: Target, costs: ModelCosts) -> float:
@@ -205,9 +204,8 @@ def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float
     for m in sorted(set(counts)):
         cut = candidates.split_points(costs, costs.batch_size // m, stages) if stages > 1 else ()
         plan = candidates.Plan("pipeline_mesh", stages, m, "fill_drain", "never", cut, stage_mesh=size)
-        run = _trial(target, costs, plan, "stage meshes' own costs")
-        pred = predict.predict(bare, plan, costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
-        steps.append((_units_on_path(bare, probed, plan, target.host_cores), run["step_s"] - pred.step_s))
+        units, residual, run, pred = _against(target, plan, bare, probed, "stage meshes' own costs")
+        steps.append((units, residual))
         process = pred.processes[0]
         nodes = process.items["graph"] / GRAPH_NODE_BYTES["in_process"]
         memory.append((nodes, run["peaks_mib"][0] * MIB - process.total))

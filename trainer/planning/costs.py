@@ -15,14 +15,14 @@ forward with the input's gradient, and its forward with every gradient are trace
 on a random [b, ...] input and timed in turn (``_interleaved_seconds``: the median of ``REPEATS``
 rounds, each over calls lasting at least ``SAMPLE_S``), less the time of calling a graph function
 that only sums its input (the call's own cost, which a unit inside the traced step does not pay);
-the backward is the last minus the forward, its input half the second minus the forward, its
-weight half the rest. The bytes kept are the forward's output tensors that
-the traced gradient reads (the activations a backward needs), read off the graph. The step outside
-the stack (embedding, loss, optimizer) is a plain training step of the whole model at the full batch
-minus its layers' forward and backward. TensorFlow's footprint is the peak resident memory of a
-fresh process that imports the trainer and runs a tiny graph function with its gradient. The link is
-a loopback TCP transfer; a hand-off between two TensorFlow processes (its fixed time and bytes per
-second through TensorFlow's runtime) is ``grpc_link.measure``'s.
+the backward is the last minus the forward, its input half the second minus the forward, its weight
+half the rest. The bytes kept are the forward's output tensors that the traced gradient reads (the
+activations a backward needs), read off the graph. The step outside the stack (embedding, loss,
+optimizer) is a plain training step of the whole model at the full batch minus its layers' forward
+and backward. TensorFlow's footprint is the peak resident memory of a fresh process that imports the
+trainer and runs a tiny graph function with its gradient. The link is a loopback TCP transfer; a
+hand-off between two TensorFlow processes (its fixed time and bytes per second through TensorFlow's
+runtime) is ``grpc_link.measure``'s.
 """
 
 from __future__ import annotations
