@@ -16,9 +16,10 @@ devices. Each is trained ``--train_steps`` steps (5) in worker processes placed 
 would start them), its step the median of the last 3, every process's peak its VmHWM. Replicas
 are left out of the enumeration here (measuring them needs the sync cluster ``tools.local_cluster
 --workers=R`` starts, which these workers do not). Before predicting, the planner's calibrations
-(``trainer.planning.calibrate``: two K = 2 stage-process plans, one K = 2 plan on logical devices,
-per mesh size two one-stage mesh plans and two two-stage ones, trained and cached with the costs)
-run where the cache has none. Figures, one JSON line each:
+(``trainer.planning.calibrate``: one process at one micro-batch, two K = 2 stage-process plans
+and one K = 4, one process at M = 8, one K = 2 plan on logical devices, per mesh size two one-stage
+mesh plans and two two-stage ones, trained and cached with the costs) run where the cache has none.
+Figures, one JSON line each:
 
     plan_step_rank_corr       Spearman's rank correlation of predicted and measured steps
     plan_step_error_median    median |measured / predicted - 1| of the step

@@ -1,5 +1,10 @@
 """What the plans' placements cost beyond their layers' timings and hand-offs, measured on this host
 for one experiment by training it for real (each term once, cached with the costs: ``ensure``).
+Every trial runs in processes the trainer's way (``trial``: malloc's allocator, the plan's threads).
+
+The step outside the pipelined stack (the embedding, the loss, the optimizer's update):
+``measure_rest`` trains the experiment as one process, one micro-batch, and takes its step less its
+layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
 
 A unit a stage process runs goes through TensorFlow's distributed runtime, and a step of stage
 processes pays for the trainer's call into every stage task: costs the per-layer timings in one
@@ -12,9 +17,9 @@ last ``TIMED_STEPS``), predicts each without these terms, and solves measured = 
 stages' own overlap). The cost per unit is mostly a crossing's between processes, so the weight half
 of a split backward, which hands nothing to another process, does not pay it. Part of the fixed cost
 comes with each stage task (the trainer's call into it, its part of the step's graph run by its
-executor): where the plans have deeper pipelines, ``measure_tasks`` trains the deepest, K stage
-processes at M = K, and splits the fixed cost of two tasks into one a step and ``stage_task_s`` a
-task (each at least 0).
+executor, the processes' turns on the host's cores): where the plans have deeper pipelines,
+``measure_tasks`` trains the deepest, K stage processes at M = K, and gives the fixed cost of each
+task beyond two, ``stage_task_s`` (at least 0), the two-task cost staying as measured.
 The same trials' stage processes give the optimizer update's temporaries (the clipped gradients,
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
@@ -36,13 +41,16 @@ predictions with the devices overlapping as separate cores would and with them t
 A stage on a DTensor mesh of S logical devices costs what the unsharded per-layer measurements do
 not see either: DTensor's runtime, the tensors every device of the mesh keeps whole, a graph per
 device, the collectives; a pipeline of stage meshes adds the copies between meshes and a runtime
-per mesh. ``measure_mesh`` trains the experiment (in one process, fill-drain, remat never) as one
-stage on a mesh of S at M = 1 and the largest M up to 8 the batch allows, or, for pipelines of
-stage meshes, as two stages on meshes of S at the two M of ``micro_batch_counts``, and solves the
-same two equations for the step (``step_s``, ``unit_s``) and, for memory, measured peak =
-predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes: the traced step's op count, which M
-multiplies). A plan uses the terms of its ``predict.mesh_key``: one stage's, or two stages' for
-any longer pipeline of S-device meshes.
+per mesh. ``measure_mesh`` trains the experiment (in one process, fill-drain) as one stage on a
+mesh of S at M = 1 (remat never) and the largest M up to 8 the batch allows (remat always), or, for
+pipelines of stage meshes, as two stages on meshes of S at the two M of ``micro_batch_counts`` (the
+same), and solves the same two equations for the step (``step_s``, ``unit_s``) and, for memory,
+measured peak = predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes: the traced step's op
+count, which M multiplies). The larger trial re-materializes: a recompute's nodes cost a mesh more
+than their count says (measured at 8 x 128, pipeline 2 x mesh 2, M = 8: remat always peaked 6-12%
+above a per-node cost fitted on remat never), and a planner's "fits" must hold. A plan uses the
+terms of its ``predict.mesh_key``: one stage's, or two stages' for any longer pipeline of S-device
+meshes.
 """
 
 from __future__ import annotations
@@ -86,7 +94,7 @@ def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(fixed, per) with residual = fixed + per x n through the first and last (n, residual) points,
     each at least 0."""
     (n0, r0), (n1, r1) = points[0], points[-1]
-    per = max((r1 - r0) / (n1 - n0), 0.0) if n1 != n0 else 0.0
+    per = max((r1 - r0) / (n1 - n0), 0.0) if abs(n1 - n0) >= 0.5 else 0.0  # else: no unit to tell
     return max(r0 - per * n0, 0.0), per
 
 
@@ -99,6 +107,8 @@ def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -
     run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
     if not run["ok"]:
         raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
+    peaks = ", ".join(f"{p:.0f}" for p in run["peaks_mib"])
+    target.progress(f"{plan.name()}: a step {run['step_s'] * 1e3:.1f} ms, peaks {peaks} MiB")
     return run
 
 
@@ -144,19 +154,28 @@ def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
     return step_s, unit_s, max(max(ratios), 0.0)
 
 
-def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> tuple[float, float]:
-    """(``stage_step_s``, ``stage_task_s``): ``measure``'s fixed cost (two tasks') split into one a
-    step and one a stage task by ``stages`` stage processes trained at the least M of at least
-    ``stages`` (fill-drain, remat never): residual = step + ``stages`` x task + units x unit."""
-    two_tasks = costs.stage_step_s
+def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> float:
+    """``stage_task_s``: the fixed cost of each stage task beyond two, from ``stages`` stage processes
+    trained at the least M of at least ``stages`` (fill-drain, remat never): residual =
+    ``stage_step_s`` + (``stages`` - 2) x task + units x ``stage_unit_s``; 0 where nothing deeper
+    than two stages can be trained."""
     m = min((x for x in candidates.divisors(costs.batch_size) if x >= stages), default=0)
     if stages <= 2 or not m or costs.num_layers < stages:
-        return two_tasks, 0.0
+        return 0.0
     units, residual, _, _ = _against(
         target, _stage_plan(costs, stages, m), *_without_stage_terms(costs), STAGE_WHY
     )
-    task_s = max((residual - units * costs.stage_unit_s - two_tasks) / (stages - 2), 0.0)
-    return max(two_tasks - 2 * task_s, 0.0), task_s
+    return max((residual - units * costs.stage_unit_s - costs.stage_step_s) / (stages - 2), 0.0)
+
+
+def measure_rest(target: Target, costs: ModelCosts) -> float:
+    """``rest_seconds``: the step outside the pipelined stack (the embedding, the loss, the optimizer's
+    update; module doc), the plain step of one process (one micro-batch, remat never) less its
+    layers' timings (at least 0)."""
+    plan = candidates.Plan("one_process", 1, 1, "fill_drain", "never", ())
+    bare = dataclasses.replace(costs, rest_seconds=0.0)
+    _, residual, _, _ = _against(target, plan, bare, bare, "the step outside the stack")
+    return max(residual, 0.0)
 
 
 def measure_units(target: Target, costs: ModelCosts) -> float:
@@ -203,7 +222,8 @@ def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float
     steps, memory = [], []
     for m in sorted(set(counts)):
         cut = candidates.split_points(costs, costs.batch_size // m, stages) if stages > 1 else ()
-        plan = candidates.Plan("pipeline_mesh", stages, m, "fill_drain", "never", cut, stage_mesh=size)
+        remat = "always" if m == max(counts) and len(set(counts)) > 1 else "never"
+        plan = candidates.Plan("pipeline_mesh", stages, m, "fill_drain", remat, cut, stage_mesh=size)
         units, residual, run, pred = _against(target, plan, bare, probed, "stage meshes' own costs")
         steps.append((units, residual))
         process = pred.processes[0]
@@ -215,17 +235,21 @@ def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float
 
 
 def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candidates.Plan]) -> None:
-    """Measures, once, the terms ``plans`` need that ``costs`` lacks (the stage processes' for a
-    stage-process plan, and their cost a task for deeper ones; ``process_unit_s`` for a pipelined
-    plan in one process, ``devices_serial`` for one on several logical devices of a process, each
-    ``predict.mesh_key``'s for a mesh plan), saving each to the ``cache`` file."""
+    """Measures, once, the terms ``plans`` need that ``costs`` lacks (the step outside the stack; the
+    stage processes' for a stage-process plan, and their cost a task for deeper ones;
+    ``process_unit_s`` for a pipelined plan in one process, ``devices_serial`` for one on several
+    logical devices of a process, each ``predict.mesh_key``'s for a mesh plan), saving each to the
+    ``cache`` file."""
     plans = list(plans)
+    if costs.rest_seconds < 0:
+        costs.rest_seconds = measure_rest(target, costs)
+        save(costs, cache)
     deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)
     if costs.stage_step_s < 0 and deepest:
         costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(target, costs)
         save(costs, cache)
     if costs.stage_task_s < 0 and deepest > 2:
-        costs.stage_step_s, costs.stage_task_s = measure_tasks(target, costs, deepest)
+        costs.stage_task_s = measure_tasks(target, costs, deepest)
         save(costs, cache)
     pipelined = [
         p for p in plans if p.placement != "stage_processes" and p.num_stages * p.num_micro_batches > 1

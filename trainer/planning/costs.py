@@ -16,13 +16,16 @@ on a random [b, ...] input and timed in turn (``_interleaved_seconds``: the medi
 rounds, each over calls lasting at least ``SAMPLE_S``), less the time of calling a graph function
 that only sums its input (the call's own cost, which a unit inside the traced step does not pay);
 the backward is the last minus the forward, its input half the second minus the forward, its weight
-half the rest. The bytes kept are the forward's output tensors that the traced gradient reads (the
-activations a backward needs), read off the graph. The step outside the stack (embedding, loss,
-optimizer) is a plain training step of the whole model at the full batch minus its layers' forward
-and backward. TensorFlow's footprint is the peak resident memory of a fresh process that imports the
-trainer and runs a tiny graph function with its gradient. The link is a loopback TCP transfer; a
-hand-off between two TensorFlow processes (its fixed time and bytes per second through TensorFlow's
-runtime) is ``grpc_link.measure``'s.
+half the rest. The process's CPU seconds a second while the last runs are the layer's
+``cpu_per_wall``: above 1 even with one thread per op (TensorFlow's inter-op threads run independent
+ops side by side; measured here, 1.4 to 1.6), so a host's cores serve fewer such processes at once
+than it has cores. The bytes kept are the forward's output tensors that the traced gradient reads
+(the activations a backward needs), read off the graph. The step outside the stack (embedding,
+loss, optimizer: ``rest_seconds``) is calibrated in a trainer process (``calibrate.measure_rest``).
+TensorFlow's footprint is the peak resident memory of a fresh process that imports the trainer and
+runs a tiny graph function with its gradient. The link is a loopback TCP transfer; a hand-off
+between two TensorFlow processes (its fixed time and bytes per second through TensorFlow's runtime)
+is ``grpc_link.measure``'s.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from trainer.planning import grpc_link
 REPEATS = 5
 # What the cache's figures mean: part of the params hash, so a file another version of the planner
 # measured is never read as this one's.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 SAMPLE_S = 0.02  # a timing sample's least length: calls of a small layer repeated to reach it
 CACHE_ENV = "TENSORPIPE_CACHE_DIR"
 PLAN_KEYS = (  # the pipeline knobs a plan sets (left out of the params hash)
@@ -107,7 +110,8 @@ def cache_path(root: Params, experiment_name: str) -> Path:
 @dataclasses.dataclass
 class ModelCosts:
     """An experiment's measured costs (module doc); ``per_size[b]`` holds per-layer lists at micro-batch
-    size b: ``forward``, ``backward``, ``backward_input`` (seconds), ``kept_bytes``, ``ops``."""
+    size b: ``forward``, ``backward``, ``backward_input`` (seconds), ``kept_bytes``, ``ops``,
+    ``cpu_per_wall`` (the process's CPU seconds a second of the layer's forward and backward)."""
 
     experiment: str
     batch_size: int
@@ -119,14 +123,14 @@ class ModelCosts:
     intra_op_threads: int = (
         0  # the threads one op used when measured (0: TensorFlow's default); plans use it too
     )
-    rest_seconds: float = -1.0  # unmeasured
+    rest_seconds: float = -1.0  # the step outside the stack (calibrate.measure_rest); < 0: unmeasured
     baseline_mib: float = 0.0
     link_bytes_per_s: float = 0.0
     link_latency_s: float = 0.0
     grpc_hop_s: float = 0.0  # a tensor's crossing between two TensorFlow processes (grpc_link)
     grpc_bytes_per_s: float = 0.0
-    stage_step_s: float = -1.0  # a stage-process step's fixed cost (calibrate); < 0: unmeasured
-    stage_task_s: float = -1.0  # and its fixed cost a stage task (calibrate); < 0: unmeasured (0)
+    stage_step_s: float = -1.0  # the fixed cost of a step of two stage processes (calibrate); < 0: unmeasured
+    stage_task_s: float = -1.0  # and of each stage task beyond two (calibrate); < 0: unmeasured (0)
     # how far one process's logical devices take turns (calibrate.measure_devices): 0, they overlap as
     # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
     devices_serial: float = -1.0
@@ -185,12 +189,12 @@ def _stack_layers(task: Any) -> list[Any]:
     raise ValueError(f"{type(task).__name__} has no pipelined stack (a layer with params.pipeline)")
 
 
-def _interleaved_seconds(fns: list[Callable[[], Any]]) -> list[float]:
-    """Each of ``fns``' seconds a call: ``REPEATS`` rounds, each timing every function in turn over
-    calls lasting at least ``SAMPLE_S`` together (per call: their time over their count), after two
-    warm-ups; the median of the rounds. Timing the functions in turn, not one after the other, lets
-    a busy moment of the host slow them alike: their differences (a backward, a call's own cost)
-    are what the planner uses."""
+def _interleaved_seconds(fns: list[Callable[[], Any]]) -> tuple[list[float], list[float]]:
+    """Each of ``fns``' seconds a call and the process's CPU seconds a second while it runs:
+    ``REPEATS`` rounds, each timing every function in turn over calls lasting at least ``SAMPLE_S``
+    together (per call: their time over their count), after two warm-ups; the median of the rounds.
+    Timing the functions in turn, not one after the other, lets a busy moment of the host slow them
+    alike: their differences (a backward, a call's own cost) are what the planner uses."""
     calls = []
     for fn in fns:
         for _ in range(2):
@@ -199,13 +203,18 @@ def _interleaved_seconds(fns: list[Callable[[], Any]]) -> list[float]:
         fn().numpy()
         calls.append(max(1, min(100, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))))
     times: list[list[float]] = [[] for _ in fns]
+    cpu = [0.0] * len(fns)
+    wall = [0.0] * len(fns)
     for _ in range(REPEATS):
-        for fn, n, out in zip(fns, calls, times):
-            start = time.perf_counter()
+        for i, (fn, n, out) in enumerate(zip(fns, calls, times)):
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(n):
                 fn().numpy()
-            out.append((time.perf_counter() - start) / n)
-    return [statistics.median(t) for t in times]
+            took = time.perf_counter() - start
+            cpu[i] += time.process_time() - start_cpu
+            wall[i] += took
+            out.append(took / n)
+    return [statistics.median(t) for t in times], [c / max(w, 1e-9) for c, w in zip(cpu, wall)]
 
 
 def _layer_figures(layer: Any, width: int, seq: int, b: int) -> dict[str, float]:
@@ -235,7 +244,7 @@ def _layer_figures(layer: Any, width: int, seq: int, b: int) -> dict[str, float]
     empty = tf.function(lambda x: tf.reduce_sum(x), autograph=False)
     # A call's own cost (dispatch, the sum), which a unit inside a traced step does not pay.
     timed = [lambda: empty(x), lambda: f(x), lambda: fi(x), lambda: fb(x)]
-    t_call, t_f, t_i, t_b = _interleaved_seconds(timed)
+    (t_call, t_f, t_i, t_b), cpu = _interleaved_seconds(timed)
     t_f, t_i, t_b = max(t_f - t_call, 0.0), t_i - t_call, t_b - t_call
     graph = fb.get_concrete_function(x).graph
     kept = _kept_bytes(graph)
@@ -245,6 +254,7 @@ def _layer_figures(layer: Any, width: int, seq: int, b: int) -> dict[str, float]
         "backward_input": min(max(t_i - t_f, 0.0), max(t_b - t_f, 0.0)),
         "kept_bytes": float(kept),
         "ops": float(len(graph.get_operations())),
+        "cpu_per_wall": cpu[-1],
     }
 
 
@@ -266,21 +276,6 @@ def _kept_bytes(graph: Any) -> int:
             if n:
                 kept[t.name] = n * t.dtype.size
     return int(sum(kept.values()))
-
-
-def _rest_seconds(root: Params, task_params: Params, layer_sum: float) -> float:
-    """A plain step's time at the full batch less its layers' (module doc)."""
-    from trainer.train_step import TrainStep
-
-    step = TrainStep(task_params, root.input.train)
-    step.run(1)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        finite, _ = step.run(1)
-        finite.numpy()
-        times.append(time.perf_counter() - start)
-    return max(statistics.median(times) - layer_sum, 0.0)
 
 
 # The peak is VmHWM (this process's own), not ru_maxrss: Linux carries ru_maxrss over exec, so a
@@ -395,7 +390,8 @@ def measure(
             f"({n + 1}/{len(todo)})"
         )
         figures: dict[str, list[float]] = {
-            k: [0.0] * len(layers) for k in ("forward", "backward", "backward_input", "kept_bytes", "ops")
+            k: [0.0] * len(layers)
+            for k in ("forward", "backward", "backward_input", "kept_bytes", "ops", "cpu_per_wall")
         }
         for indices in groups.values():
             one = _layer_figures(layers[indices[0]], width, seq, b)
@@ -403,10 +399,6 @@ def measure(
                 for k, v in one.items():
                     figures[k][i] = v
         costs.per_size[b] = figures
-    if costs.rest_seconds < 0 and batch in costs.per_size:
-        progress("timing one plain training step (embedding, loss, optimizer)")
-        full = costs.per_size[batch]
-        costs.rest_seconds = _rest_seconds(root, task_params, sum(full["forward"]) + sum(full["backward"]))
     if not costs.baseline_mib:
         progress("measuring TensorFlow's own footprint in a fresh process")
         costs.baseline_mib = measure_baseline_mib()
@@ -432,7 +424,7 @@ def load_or_measure(
         except (ValueError, TypeError, KeyError):
             previous = None
     needed = set(sizes) | {int(root.input.train.batch_size)}
-    complete = previous is not None and previous.rest_seconds >= 0 and previous.baseline_mib > 0
+    complete = previous is not None and previous.baseline_mib > 0
     if complete and previous.grpc_hop_s > 0 and needed <= set(previous.per_size):
         return previous, path, False
     costs = measure(root, experiment_name, sorted(needed), progress, previous)

@@ -4,28 +4,33 @@ from measured costs.
 The step: the schedule's timeline (``simulator.simulate``) over each stage's summed layer costs at
 the plan's micro-batch size (forward, backward, recompute = forward, the backward's input and weight
 halves), with every hand-off between stage processes costing the link's latency plus its bytes over
-the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: measured at the
+the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: calibrated at the
 full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
 over the link). A unit inside one process's traced step costs a calibrated ``process_unit_s`` beyond
 its layers' isolated timings (its ops' dispatch in the step's executor, the micro-batch's slicing
-and joins). Logical devices of one process overlap only partly (their ops' dispatch is the
-process's): an in-process pipeline's step lies between the schedule's timeline and the sum of all
-its units, ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at
-once beyond the host's cores (``host_cores``) take turns: the step is at least all their units'
-compute over the cores (a unit's calibrated dispatch cost waits on the runtime and is left out).
-Stage processes and stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed
-cost a step (stage processes': and one a stage task) and a cost per unit (a stage process's: every
-unit but a split backward's W, which hands nothing to another process; a mesh's: every unit, one
-stage's or a pipeline's of two, ``mesh_key``). Memory: ``memory``'s items per process; a stage
-mesh's shards all live in the one process (every weight whole across its S devices), plus its
-calibrated ``mesh`` item. A split backward's graph counts the layers whose weight gradient W takes
-(``memory.deferred_layers``: the executor's own choice).
+and joins); a split backward's weight half W does not (its ops run with the step's others).
+Logical devices of one process overlap only partly (their ops' dispatch is the process's): an
+in-process pipeline's step lies between the schedule's timeline and the sum of all its units,
+``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at once beyond
+the host's cores (``host_cores``) take turns: the step is at least all their units' CPU time over
+the cores, a unit's CPU time its layers' time by the CPU seconds a second they took when timed
+(``cpu_per_wall``: with one thread per op, TensorFlow still runs independent ops side by side),
+plus its own cost in one process; a dispatch to a stage process or a mesh waits on the runtime and
+is left out. Stage processes and stages on a DTensor mesh add their calibrated costs
+(``calibrate``): a fixed cost a step (stage processes': two tasks', and one for each further task)
+and a cost per unit (a stage process's: every unit but a split backward's W, which hands nothing to
+another process; a mesh's: the same units, one stage's or a pipeline's of two, ``mesh_key``).
+Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process (every
+weight whole across its S devices), plus its calibrated ``mesh`` item. A split backward's graph
+counts the layers whose weight gradient W takes (``memory.deferred_layers``: the executor's own
+choice).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Any
 
 from trainer.planning import memory
@@ -86,17 +91,11 @@ def _bounds(plan: Plan, num_layers: int) -> list[int]:
     return [0, *plan.split_points, num_layers]
 
 
-def stage_costs(
-    costs: ModelCosts,
-    plan: Plan,
-    micro_batch: int,
-    transfer: float,
-    unit_s: float = 0.0,
-    every_unit: bool = True,
-) -> Any:
-    """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit ``unit_s``
-    longer (its dispatch), or with ``every_unit`` False all but the weight half W (a stage process's
-    cost a crossing: W hands nothing to another process)."""
+def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float, unit_s: float = 0.0) -> Any:
+    """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit but a split
+    backward's weight half W ``unit_s`` longer (a unit's own cost: its dispatch, its crossing to
+    another process; W hands nothing on, and its ops run with the step's others: measured, ZB-H1 and
+    ZB-H2 on logical devices step as fill-drain does)."""
     figures = costs.per_size[micro_batch]
     bounds = _bounds(plan, costs.num_layers)
 
@@ -104,15 +103,13 @@ def stage_costs(
         return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
 
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
-    local = unit_s if every_unit else 0.0
-    b_w = [max(b - i, 0.0) + local for b, i in zip(backward, b_in)]
     return simulator.StageCosts.given(
         [f + unit_s for f in forward],
         [b + unit_s for b in backward],
         [f + unit_s for f in forward],
         transfer,
         backward_input=[i + unit_s for i in b_in],
-        backward_weight=b_w,
+        backward_weight=[max(b - i, 0.0) for b, i in zip(backward, b_in)],
     )
 
 
@@ -147,7 +144,7 @@ def predict(
     dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # waits on the runtime
     pipelines = k * m > 1 or plan.remat != "never"  # else the plain step, which rest_seconds measured
     own = max(costs.process_unit_s, 0.0) if not remote and pipelines else 0.0  # holds a core
-    sc = stage_costs(costs, plan, b, transfer, dispatch + own, every_unit=not remote)
+    sc = stage_costs(costs, plan, b, transfer, dispatch + own)
     sched = schedule.build(plan.schedule, k, m, plan.remat, v)
     sim = simulator.simulate(sched, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
@@ -155,13 +152,16 @@ def predict(
     if not remote:  # logical devices overlap partly (module doc)
         serial = costs.devices_serial if costs.devices_serial >= 0 else 1.0
         pipelined += serial * max(busy - pipelined, 0.0)
-    if host_cores:  # every process's units' compute (R replicas: R times one's) on the host's cores
-        charged = sum(1 for e in sim.events if not remote or e.kind != schedule.BACKWARD_WEIGHT)
-        compute = busy - charged * dispatch  # a unit's dispatch waits on the runtime, not a core
+    if host_cores:  # every process's units' CPU time (R replicas: R times one's) on the host's cores
+        charged = sum(1 for e in sim.events if e.kind != schedule.BACKWARD_WEIGHT)  # pay unit costs
+        cpu = statistics.fmean(costs.per_size[b].get("cpu_per_wall", [1.0]))
+        # the layers' CPU time, and each unit's own cost in one process; a dispatch to a stage
+        # process or a mesh waits on the runtime, not a core
+        compute = (busy - charged * (dispatch + own)) * cpu + charged * own
         pipelined = max(pipelined, compute * plan.replicas / host_cores)
-    step = pipelined + costs.rest_seconds / plan.replicas + meshed.get("step_s", 0.0)
+    step = pipelined + max(costs.rest_seconds, 0.0) / plan.replicas + meshed.get("step_s", 0.0)
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed costs
-        step += 2 * transfer + max(costs.stage_step_s, 0.0) + k * max(costs.stage_task_s, 0.0)
+        step += 2 * transfer + max(costs.stage_step_s, 0.0) + (k - 2) * max(costs.stage_task_s, 0.0)
     grad_bytes = 4.0 * costs.total_params
     if plan.replicas > 1:
         r = plan.replicas
