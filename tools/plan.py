@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the cores all the processes share on one host (0: each process has its own; default: "
         "this host's usable cores with --link_mbit=0, the processes all here; 0 with a link)",
     )
+    p.add_argument(
+        "--calibration_trials",
+        type=int,
+        default=3,
+        help="times each calibration run is trained, the median taken (the first plan of an experiment)",
+    )
     p.add_argument("--objective", choices=("step_time", "largest"), default="step_time")
     p.add_argument("--current", action="store_true", help="predict the experiment as configured")
     p.add_argument("--json", action="store_true", help="one JSON line per plan")
@@ -78,6 +84,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--host_cores must be >= 0 (0: each process its own), got {args.host_cores}")
     if not args.link_mbit >= 0 or args.link_mbit == float("inf"):
         raise ConfigError(f"--link_mbit must be >= 0 (0: measured), got {args.link_mbit}")
+    if args.calibration_trials < 1:
+        raise ConfigError(f"--calibration_trials must be >= 1, got {args.calibration_trials}")
 
 
 def _progress(message: str) -> None:
@@ -207,7 +215,7 @@ def plan(args: argparse.Namespace) -> int:
         )
     # what the plans' placements cost beyond their layers: a few short trainings, once (cached)
     considered = [current] if current else plans
-    target = calibrate.Target(args.model, [], prefix, host_cores, _progress)
+    target = calibrate.Target(args.model, [], prefix, host_cores, _progress, args.calibration_trials)
     calibrate.ensure(target, model_costs, path, considered)
     budget = args.memory_mib
     if current is not None:

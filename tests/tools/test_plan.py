@@ -57,7 +57,7 @@ def planned(tmp_path_factory):
 
 def _plan(env: dict, cwd: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.plan", *flags],
+        [sys.executable, "-m", "tools.plan", "--calibration_trials=1", *flags],  # the suite's time
         cwd=cwd,
         env=env,
         capture_output=True,

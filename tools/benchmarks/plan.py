@@ -267,9 +267,9 @@ def run(args: argparse.Namespace) -> int:
         enumerated = candidates.enumerate_plans(
             model_costs, args.processes, stage_mesh=meshed, max_replicas=1
         )
-        calibrate.ensure(
-            calibrate.Target(model, gin, prefix, cores, progress), model_costs, cache, enumerated
-        )
+        trials = 1 if args.quick else args.calibration_trials
+        target = calibrate.Target(model, gin, prefix, cores, progress, trials)
+        calibrate.ensure(target, model_costs, cache, enumerated)
         start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
         plans = list(
@@ -346,6 +346,12 @@ def main(argv: list[str]) -> int:
         "--mesh_sizes",
         default=",".join(f"{a}x{b}" for a, b in MESH_SIZES),
         help="Sizes checked in the family's stage-mesh form (mesh and pipeline x mesh plans); '' for none.",
+    )
+    parser.add_argument(
+        "--calibration_trials",
+        type=int,
+        default=3,
+        help="Times each calibration run is trained, the median taken (--quick: 1).",
     )
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
     parser.add_argument("--quick", action="store_true", help="One tiny size, two plans (a smoke test).")

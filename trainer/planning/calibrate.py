@@ -1,6 +1,7 @@
 """What the plans' placements cost beyond their layers' timings and hand-offs, measured on this host
 for one experiment by training it for real (each term once, cached with the costs: ``ensure``).
-Every trial runs in processes the trainer's way (``trial``: malloc's allocator, the plan's threads).
+Every trial runs in processes the trainer's way (``trial``: malloc's allocator, the plan's threads),
+``TRIALS`` times over, the median taken.
 
 The step outside the pipelined stack (the embedding, the loss, the optimizer's update):
 ``measure_rest`` trains the experiment as one process, one micro-batch, and takes its step less its
@@ -56,6 +57,7 @@ meshes.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -66,6 +68,10 @@ from trainer.planning.memory import GRAPH_NODE_BYTES, MIB
 
 TRAIN_STEPS = 8  # a calibration trial's steps, the median of the last TIMED_STEPS its step: the
 TIMED_STEPS = 6  # terms it gives every prediction, so they are measured over more steps than a plan is
+# Each calibration trial is trained that many times (fresh processes each), its step and every
+# process's peak the median: on this 2-core machine one plan's step varies 10 to 15% from one set
+# of processes to the next while its steps within one vary 2%.
+TRIALS = 3
 TIMEOUT_S = 300.0
 PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path
 STAGE_WHY = "the stage processes' own costs"
@@ -75,13 +81,14 @@ STAGE_WHY = "the stage processes' own costs"
 class Target:
     """The experiment the calibrations train: its registry key, gin bindings and pipeline's Params
     key (``costs.pipeline_prefix``), the cores its plans' processes share (``predict``'s
-    ``host_cores``), and where progress lines go."""
+    ``host_cores``), where progress lines go, and how many times each trial is trained."""
 
     model: str
     bindings: list[str]
     pipeline_prefix: str
     host_cores: int
     progress: Progress
+    trials: int = TRIALS
 
 
 def micro_batch_counts(batch: int) -> list[int]:
@@ -99,17 +106,26 @@ def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -> dict:
-    """``plan`` trained ``TRAIN_STEPS`` steps (``trial.measure_plan``); a failure is a UserError."""
-    target.progress(f"training {plan.name()} {TRAIN_STEPS} steps ({why})")
+    """``plan`` trained ``target.trials`` times ``TRAIN_STEPS`` steps (``trial.measure_plan``), its step
+    and each process's peak the median; a failure is a UserError."""
+    target.progress(f"training {plan.name()} {TRAIN_STEPS} steps, {target.trials} time(s) ({why})")
     text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
     stages = plan.num_stages if plan.placement == "stage_processes" else 0
     steps = (TRAIN_STEPS, TIMEOUT_S, TIMED_STEPS)
-    run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
-    if not run["ok"]:
-        raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
-    peaks = ", ".join(f"{p:.0f}" for p in run["peaks_mib"])
-    target.progress(f"{plan.name()}: a step {run['step_s'] * 1e3:.1f} ms, peaks {peaks} MiB")
-    return run
+    runs = []
+    for _ in range(max(target.trials, 1)):
+        run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
+        if not run["ok"]:
+            raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
+        runs.append(run)
+    step = statistics.median(r["step_s"] for r in runs)
+    peaks_mib = [statistics.median(p) for p in zip(*(r["peaks_mib"] for r in runs))]
+    shown = ", ".join(f"{r['step_s'] * 1e3:.1f}" for r in runs)
+    target.progress(
+        f"{plan.name()}: a step {step * 1e3:.1f} ms (of {shown}), peaks "
+        f"{', '.join(f'{p:.0f}' for p in peaks_mib)} MiB"
+    )
+    return {"ok": True, "step_s": step, "peaks_mib": peaks_mib}
 
 
 def _against(
