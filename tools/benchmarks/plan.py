@@ -32,8 +32,8 @@ Figures, one JSON line each:
     plan_seconds              the planner's own time for one experiment, costs cached
 
 and ``plan_run`` per plan (predicted and measured step and peaks). ``--quick``: one tiny size, two
-plans (K = 2 on logical devices, K = 2 stage processes), 3 steps (a smoke test of the whole path;
-its figures mean nothing).
+plans for 3 processes (K = 2 on logical devices, K = 2 stage processes), 3 steps (a smoke test of
+the whole path; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from tools.benchmarks import harness, lm_family
 SIZES = [(8, 128), (8, 512)]
 MESH_SIZES = [(8, 128)]
 QUICK_SIZES = [(2, 32)]
+QUICK_PROCESSES = 3  # --quick plans K = 2 at most: no deeper calibration run
 MODEL = "lm.synthetic.GPipeTransformerLM"
 MESH_MODEL = "lm.synthetic.StageMeshTransformerLM"  # the family with stage meshes (untied, unfused)
 CORES_PER_PROCESS = 1  # tools.plan's default --cores_per_process: each op's threads, costs and plans alike
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
     families = [(MODEL, size) for size in (QUICK_SIZES if args.quick else parse(args.sizes))]
     families += [] if args.quick else [(MESH_MODEL, size) for size in parse(args.mesh_sizes)]
     steps = 3 if args.quick else args.train_steps
+    processes = QUICK_PROCESSES if args.quick else args.processes
     records = []
     plan_seconds = []
     choice_ratio, naive_ratio = [], []
@@ -256,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         root = resolve(model, gin)
         prefix = costs.pipeline_prefix(root)
         name = cost_name(model, layers, width)
-        sample = candidates.micro_batch_sizes(int(root.input.train.batch_size), args.processes)
+        sample = candidates.micro_batch_sizes(int(root.input.train.batch_size), processes)
         progress = (
             (lambda m: print(f"plan benchmark: {m}", file=sys.stderr, flush=True))
             if args.verbose
@@ -264,17 +266,13 @@ def run(args: argparse.Namespace) -> int:
         )
         model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
         cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
-        enumerated = candidates.enumerate_plans(
-            model_costs, args.processes, stage_mesh=meshed, max_replicas=1
-        )
+        enumerated = candidates.enumerate_plans(model_costs, processes, stage_mesh=meshed, max_replicas=1)
         trials = 1 if args.quick else args.calibration_trials
         target = calibrate.Target(model, gin, prefix, cores, progress, trials)
         calibrate.ensure(target, model_costs, cache, enumerated)
         start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
-        plans = list(
-            candidates.enumerate_plans(model_costs, args.processes, stage_mesh=meshed, max_replicas=1)
-        )
+        plans = list(candidates.enumerate_plans(model_costs, processes, stage_mesh=meshed, max_replicas=1))
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
