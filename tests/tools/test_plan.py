@@ -305,20 +305,56 @@ def test_the_stage_processes_fixed_cost_grows_with_each_task_beyond_two(monkeypa
     assert two.step_s - two_bare.step_s == pytest.approx(truth["two"])
 
 
-def test_the_step_outside_the_stack_is_a_plain_step_less_its_layers(monkeypatch):
-    """``rest_seconds`` comes from one process trained at one micro-batch, predicted without it."""
+def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches(monkeypatch):
+    """``rest_seconds`` is one process's plain step (one micro-batch) less its layers; the run at M = 8
+    gives a unit's own cost; the two runs' peaks above their predictions (without the term, nor the
+    update's temporaries) give the memory line through them, which any later plan in one process
+    pays in place of ``update``, a mesh plan and stage processes not."""
     trained = []
+    over = {1: 30e6, 8: 2e6}  # bytes above the prediction: a fixed part that over-counts per node
 
     def residual(target, plan, bare, probed, why):
-        trained.append((plan.placement, plan.num_stages, plan.num_micro_batches, plan.remat))
-        layers = predict.predict(bare, plan, 1e9, 0.0).step_s
-        return 0.0, 0.25 - layers, {"step_s": 0.25}, None  # a plain step of 250 ms
+        m = plan.num_micro_batches
+        trained.append((plan.placement, plan.num_stages, m, plan.remat))
+        assert not bare.process_memory and bare.update_ratio == 0.0
+        pred = predict.predict(bare, plan, 1e9, 0.0)
+        units = (predict.predict(probed, plan, 1e9, 0.0).step_s - pred.step_s) / calibrate.PROBE_UNIT_S
+        step = 0.25 if m == 1 else pred.step_s + units * 0.003  # a plain step of 250 ms; 3 ms a unit
+        run = {"step_s": step, "peaks_mib": [(pred.processes[0].total + over[m]) / memory.MIB]}
+        return units, step - pred.step_s, run, pred
 
     monkeypatch.setattr(calibrate, "_against", residual)
-    model = dataclasses.replace(_uniform_costs(), rest_seconds=-1.0)
+    model = dataclasses.replace(_uniform_costs(), rest_seconds=-1.0, update_ratio=2.0)
     target = calibrate.Target("x", [], "p", 2, lambda _: None)
-    assert calibrate.measure_rest(target, model) == pytest.approx(0.25 - 4 * 0.03)  # F + B of 4 layers
-    assert trained == [("one_process", 1, 1, "never")]
+    rest, unit, fitted = calibrate.measure_process(target, model)
+    assert rest == pytest.approx(0.25 - 4 * 0.03)  # F + B of 4 layers
+    assert unit == pytest.approx(0.003)
+    assert trained == [("one_process", 1, 1, "never"), ("one_process", 1, 8, "never")]
+    nodes = 4 * 100.0  # ops of 4 layers, once per micro-batch
+    assert fitted["node_bytes"] == pytest.approx((2e6 - 30e6) / (7 * nodes))
+    assert fitted["fixed_bytes"] + fitted["node_bytes"] * nodes == pytest.approx(30e6)
+    model.rest_seconds, model.process_unit_s, model.process_memory = rest, unit, fitted
+    for m in (1, 8):  # the calibration's own plans are predicted as measured
+        plan = candidates.Plan("one_process", 1, m, "fill_drain", "never", ())
+        bare = dataclasses.replace(model, process_memory={}, update_ratio=0.0)
+        items = predict.predict(model, plan, 1e9, 0.0).processes[0].items
+        assert items["update"] == 0.0
+        assert sum(items.values()) == pytest.approx(
+            predict.predict(bare, plan, 1e9, 0.0).processes[0].total + over[m]
+        )
+    devices = predict.predict(model, candidates.Plan("logical", 2, 4, "one_f_one_b", "never", (2,)), 1e9, 0.0)
+    assert devices.processes[0].items["calibrated"] == pytest.approx(
+        fitted["fixed_bytes"] + 4 * nodes * fitted["node_bytes"]
+    )
+    stages = predict.predict(
+        model, candidates.Plan("stage_processes", 2, 4, "one_f_one_b", "never", (2,)), 1e9, 0.0
+    )
+    assert all("calibrated" not in p.items and p.items["update"] > 0 for p in stages.processes[1:])
+    model.mesh = {"1x2": {"step_s": 0.0, "unit_s": 0.0, "fixed_bytes": 1.0, "node_bytes": 0.0}}
+    meshed = predict.predict(
+        model, candidates.Plan("pipeline_mesh", 1, 1, "fill_drain", "never", (), stage_mesh=2), 1e9, 0.0
+    )
+    assert "calibrated" not in meshed.processes[0].items
 
 
 def test_a_unit_in_one_process_pays_its_calibrated_cost_and_a_plain_step_does_not():
@@ -378,13 +414,16 @@ def test_the_benchmark_checks_the_models_against_measured_runs(planned):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     figures = {}
-    runs = []
+    runs, choices = [], []
     for line in result.stdout.splitlines():
         record = json.loads(line)
         if record["name"] == "plan_run":
             runs.append(record)
+        elif record["name"] == "plan_choice":
+            choices.append(record)
         else:
             figures[record["name"]] = record["value"]
+    assert len(choices) == 1 and choices[0]["plan"] in {r["plan"] for r in runs}, choices
     assert {r["placement"] for r in runs} >= {"logical", "stage_processes"}
     assert all(r["measured"]["ok"] for r in runs), runs
     for r in runs:
@@ -399,6 +438,27 @@ def test_the_benchmark_checks_the_models_against_measured_runs(planned):
         "plan_memory_under_max", "plan_choice_vs_best", "plan_choice_vs_naive", "plan_seconds",
     }  # fmt: skip
     assert figures["plan_memory_error_median"] < 0.25 and figures["plan_seconds"] < 60
+
+
+def test_the_choice_and_the_plans_measured_faster_are_measured_again_for_the_choice_figure():
+    from tools.benchmarks import plan as bench
+
+    def pred(name):
+        return predict.Prediction(candidates.Plan("one_process", 1, 1, name, "never"), 0.1, 0.0, [], [])
+
+    choice, quicker, slower = pred("choice"), pred("quicker"), pred("slower")
+    again = {"choice": [0.100, 0.102], "quicker": [0.104, 0.105]}  # the first runs were noise
+    trained = []
+
+    def train(p):
+        trained.append(p.plan.schedule)
+        return {"ok": True, "step_s": again[p.plan.schedule].pop(0)}
+
+    first = [(choice, {"step_s": 0.110}), (quicker, {"step_s": 0.095}), (slower, {"step_s": 0.130})]
+    steps = bench.choice_steps(choice, first, train, 3)
+    assert trained == ["choice", "quicker", "choice", "quicker"]  # in turns; the slower plan not again
+    assert steps == {id(choice): 0.102, id(quicker): 0.104, id(slower): 0.130}
+    assert bench.choice_steps(choice, first[:1], train, 3) == {id(choice): 0.110}  # alone: once
 
 
 def test_plans_are_ranked_by_the_objective_then_simpler_first():

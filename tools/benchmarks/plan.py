@@ -27,11 +27,14 @@ Figures, one JSON line each:
     plan_memory_error_median  median |measured / predicted - 1| of every process's peak
     plan_memory_under_max     the most a process peaked above its prediction (measured / predicted - 1)
     plan_choice_vs_best       the planner's choice's measured step over the best measured step among
-                              the plans that fit (--budget_mib)
+                              the plans that fit (--budget_mib): the choice and every plan measured
+                              no slower than it are trained --choice_trials times in all (3), in
+                              turns, and take their median (``choice_steps``)
     plan_choice_vs_naive      the naive plan's measured step over the choice's
     plan_seconds              the planner's own time for one experiment, costs cached
 
-and ``plan_run`` per plan (predicted and measured step and peaks). ``--quick``: one tiny size, two
+and ``plan_run`` per plan (predicted and measured step and peaks; its first run), ``plan_choice`` per
+size (the choice's step as the figure takes it, the best plan's). ``--quick``: one tiny size, two
 plans for 3 processes (K = 2 on logical devices, K = 2 stage processes), 3 steps (a smoke test of
 the whole path; its figures mean nothing).
 """
@@ -39,6 +42,7 @@ the whole path; its figures mean nothing).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -219,6 +223,34 @@ def pick(preds: list, count: int, quick: bool) -> list:
     return chosen
 
 
+def train_plan(  # noqa: ANN001
+    model: str, gin: list[str], prefix: str, costs, steps: int, timeout_s: float, pred
+) -> dict:
+    """``pred``'s plan of ``model`` trained ``steps`` steps in worker processes (``trial.measure_plan``)."""
+    from trainer.planning import plan_file, trial
+
+    text = plan_file.text(pred.plan, prefix, costs.batch_size, costs.intra_op_threads)
+    stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
+    return trial.measure_plan(model, gin, text, stages, steps, timeout_s)
+
+
+def choice_steps(choice, ok_fitting: list, train, trials: int) -> dict[int, float]:  # noqa: ANN001
+    """The measured step of every plan of ``ok_fitting`` ((prediction, run) pairs) by ``id`` of its
+    prediction, for the choice figure: the choice and every plan measured no slower than it are
+    trained again (``train``) until each has ``trials`` runs, in turns, and take their median (one set
+    of processes measures a plan 10 to 15% apart from the next); the others keep their one run."""
+    steps = {id(p): [m["step_s"]] for p, m in ok_fitting}
+    mine = steps[id(choice)][0]
+    contenders = [p for p, m in ok_fitting if m["step_s"] <= mine]
+    if len(contenders) > 1:
+        for _ in range(trials - 1):
+            for pred in contenders:
+                m = train(pred)
+                if m["ok"]:
+                    steps[id(pred)].append(m["step_s"])
+    return {k: statistics.median(v) for k, v in steps.items()}
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v: list[float]) -> list[float]:
         order = sorted(range(len(v)), key=lambda i: v[i])
@@ -240,7 +272,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from tools import plan as tool
-    from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
+    from trainer.planning import calibrate, candidates, costs, predict
 
     def parse(sizes: str) -> list[tuple[int, int]]:
         return [(int(a), int(b)) for a, b in (x.split("x") for x in sizes.split(",") if x)]
@@ -288,21 +320,29 @@ def run(args: argparse.Namespace) -> int:
                 model_costs, naive_plan(args.processes, model_costs), link, latency, cores
             )
             picked.append(naive)
+        train = functools.partial(train_plan, model, gin, prefix, model_costs, steps, args.timeout_s)
+        size = f"{layers}x{width}" + (" stage-mesh form" if meshed else "")
         measured = {}
         for pred in picked:
-            text = plan_file.text(pred.plan, prefix, model_costs.batch_size, model_costs.intra_op_threads)
-            stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
-            m = trial.measure_plan(model, gin, text, stages, steps, args.timeout_s)
+            m = train(pred)
             measured[id(pred)] = m
-            size = f"{layers}x{width}" + (" stage-mesh form" if meshed else "")
             record = {"size": size, **pred.to_json(args.budget_mib), "measured": m}
             harness.emit("plan_run", m.get("step_s"), **record)
             if m["ok"]:
                 records.append((pred, m))
         ok_fitting = [(p, measured[id(p)]) for p in fitting if id(p) in measured and measured[id(p)]["ok"]]
         if choice is not None and measured.get(id(choice), {}).get("ok") and ok_fitting:
-            best = min(m["step_s"] for _, m in ok_fitting)
-            choice_ratio.append(measured[id(choice)]["step_s"] / best)
+            steps_of = choice_steps(choice, ok_fitting, train, 1 if args.quick else args.choice_trials)
+            best = min(steps_of.values())
+            choice_ratio.append(steps_of[id(choice)] / best)
+            harness.emit(
+                "plan_choice",
+                steps_of[id(choice)],
+                size=size,
+                plan=choice.plan.name(),
+                best=min(ok_fitting, key=lambda pm: steps_of[id(pm[0])])[0].plan.name(),
+                best_step_s=best,
+            )
             if naive is not None and measured[id(naive)]["ok"]:
                 naive_ratio.append(measured[id(naive)]["step_s"] / measured[id(choice)]["step_s"])
     predicted = [p.step_s for p, _ in records]
@@ -351,10 +391,20 @@ def main(argv: list[str]) -> int:
         default=3,
         help="Times each calibration run is trained, the median taken (--quick: 1).",
     )
+    parser.add_argument(
+        "--choice_trials",
+        type=int,
+        default=3,
+        help="Runs of the choice and of each plan measured no slower than it, the median taken "
+        "for plan_choice_vs_best (--quick: 1).",
+    )
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one plan may take.")
     parser.add_argument("--quick", action="store_true", help="One tiny size, two plans (a smoke test).")
     parser.add_argument("--verbose", action="store_true", help="Progress on stderr.")
     args = parser.parse_args(argv[1:])
+    for flag in ("calibration_trials", "choice_trials"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     return run(args)
 
 

@@ -1,11 +1,20 @@
 """What the plans' placements cost beyond their layers' timings and hand-offs, measured on this host
 for one experiment by training it for real (each term once, cached with the costs: ``ensure``).
 Every trial runs in processes the trainer's way (``trial``: malloc's allocator, the plan's threads),
-``TRIALS`` times over, the median taken.
+``TRIALS`` times over: the step the median, each process's peak the highest (malloc's peaks vary
+from one run to the next by a weight's size or two, and a planner's "fits" must hold).
 
-The step outside the pipelined stack (the embedding, the loss, the optimizer's update):
-``measure_rest`` trains the experiment as one process, one micro-batch, and takes its step less its
-layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
+One process (``measure_process``). The step outside the pipelined stack (the embedding, the loss,
+the optimizer's update): ``measure_rest`` trains the experiment as one process, one micro-batch, and
+takes its step less its layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
+A unit inside one process's traced step costs more than its layers timed alone (its ops' dispatch
+in the step's executor, the micro-batch's slicing and joins): ``measure_units`` trains the
+experiment as one process at the largest M up to 8 (one stage, fill-drain, remat never) and divides
+its step less its prediction by the units on its critical path: ``process_unit_s``. The two runs'
+peaks above their predictions give one process's own memory term, ``process_memory``: measured peak
+= predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes: the traced step's op count, which M
+multiplies; either part may be negative where the fixed items over-count this experiment), so the
+constants of ``memory`` are corrected on the experiment itself.
 
 A unit a stage process runs goes through TensorFlow's distributed runtime, and a step of stage
 processes pays for the trainer's call into every stage task: costs the per-layer timings in one
@@ -25,13 +34,7 @@ The same trials' stage processes give the optimizer update's temporaries (the cl
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
 prediction, over their weights' bytes (at least 0): the largest, as the planner's "fits" must hold
-for every process, and malloc's peaks vary from run to run by a weight's size or two. The plans it
-trains are two of the planner's own.
-
-A unit inside one process's traced step costs more than its layers timed alone (its ops'
-dispatch in the step's executor, the micro-batch's slicing and joins): ``measure_units`` trains
-the experiment as one process at the largest M up to 8 (one stage, fill-drain, remat never) and
-divides its step less its prediction by the units on its critical path: ``process_unit_s``.
+for every process. The plans it trains are two of the planner's own.
 
 Logical devices of one process overlap only partly: their ops run side by side on the host's cores,
 but one process dispatches them all. ``measure_devices`` trains 2 stages on logical devices of one
@@ -68,9 +71,9 @@ from trainer.planning.memory import GRAPH_NODE_BYTES, MIB
 
 TRAIN_STEPS = 8  # a calibration trial's steps, the median of the last TIMED_STEPS its step: the
 TIMED_STEPS = 6  # terms it gives every prediction, so they are measured over more steps than a plan is
-# Each calibration trial is trained that many times (fresh processes each), its step and every
-# process's peak the median: on this 2-core machine one plan's step varies 10 to 15% from one set
-# of processes to the next while its steps within one vary 2%.
+# Each calibration trial is trained that many times (fresh processes each), its step the median
+# (on this 2-core machine one plan's step varies 10 to 15% from one set of processes to the next
+# while its steps within one vary 2%) and every process's peak the highest.
 TRIALS = 3
 TIMEOUT_S = 300.0
 PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path
@@ -107,7 +110,7 @@ def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -> dict:
     """``plan`` trained ``target.trials`` times ``TRAIN_STEPS`` steps (``trial.measure_plan``), its step
-    and each process's peak the median; a failure is a UserError."""
+    the median and each process's peak the highest; a failure is a UserError."""
     target.progress(f"training {plan.name()} {TRAIN_STEPS} steps, {target.trials} time(s) ({why})")
     text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
     stages = plan.num_stages if plan.placement == "stage_processes" else 0
@@ -119,7 +122,7 @@ def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -
             raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
         runs.append(run)
     step = statistics.median(r["step_s"] for r in runs)
-    peaks_mib = [statistics.median(p) for p in zip(*(r["peaks_mib"] for r in runs))]
+    peaks_mib = [max(p) for p in zip(*(r["peaks_mib"] for r in runs))]
     shown = ", ".join(f"{r['step_s'] * 1e3:.1f}" for r in runs)
     target.progress(
         f"{plan.name()}: a step {step * 1e3:.1f} ms (of {shown}), peaks "
@@ -184,27 +187,52 @@ def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> float:
     return max((residual - units * costs.stage_unit_s - costs.stage_step_s) / (stages - 2), 0.0)
 
 
-def measure_rest(target: Target, costs: ModelCosts) -> float:
+def _memory_point(run: dict, pred: predict.Prediction) -> tuple[float, float]:
+    """(graph nodes, bytes its peak lay above the prediction) of a run in one process."""
+    process = pred.processes[0]
+    nodes = process.items["graph"] / GRAPH_NODE_BYTES["in_process"]
+    return nodes, run["peaks_mib"][0] * MIB - process.total
+
+
+def _one_process(costs: ModelCosts, **terms: float) -> ModelCosts:
+    """``costs`` without one process's memory term (nor the update's temporaries, which the term
+    holds in one process), with ``terms`` replaced."""
+    return dataclasses.replace(costs, process_memory={}, update_ratio=0.0, **terms)
+
+
+def measure_rest(target: Target, costs: ModelCosts) -> tuple[float, tuple[float, float]]:
     """``rest_seconds``: the step outside the pipelined stack (the embedding, the loss, the optimizer's
     update; module doc), the plain step of one process (one micro-batch, remat never) less its
-    layers' timings (at least 0)."""
+    layers' timings (at least 0); and the run's memory point (``_memory_point``)."""
     plan = candidates.Plan("one_process", 1, 1, "fill_drain", "never", ())
-    bare = dataclasses.replace(costs, rest_seconds=0.0)
-    _, residual, _, _ = _against(target, plan, bare, bare, "the step outside the stack")
-    return max(residual, 0.0)
+    bare = _one_process(costs, rest_seconds=0.0)
+    _, residual, run, pred = _against(target, plan, bare, bare, "the step outside the stack")
+    return max(residual, 0.0), _memory_point(run, pred)
 
 
-def measure_units(target: Target, costs: ModelCosts) -> float:
+def measure_units(target: Target, costs: ModelCosts) -> tuple[float, tuple[float, float] | None]:
     """``process_unit_s`` (module doc): one process at the largest M up to 8 (one stage, fill-drain,
     remat never), its step less its prediction without the term, over the units on its critical
-    path (at least 0); 0 where the batch allows one micro-batch only."""
+    path (at least 0), and the run's memory point; (0, None) where the batch allows one micro-batch
+    only."""
     counts = micro_batch_counts(costs.batch_size)
     if not counts:
-        return 0.0
+        return 0.0, None
     plan = candidates.Plan("one_process", 1, counts[-1], "fill_drain", "never", ())
-    bare, probed = (dataclasses.replace(costs, process_unit_s=x) for x in (0.0, PROBE_UNIT_S))
-    units, residual, _, _ = _against(target, plan, bare, probed, "a unit's own cost in one process")
-    return max(residual / units, 0.0) if units > 0 else 0.0
+    bare, probed = (_one_process(costs, process_unit_s=x) for x in (0.0, PROBE_UNIT_S))
+    units, residual, run, pred = _against(target, plan, bare, probed, "a unit's own cost in one process")
+    return (max(residual / units, 0.0) if units > 0 else 0.0), _memory_point(run, pred)
+
+
+def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, dict[str, float]]:
+    """(``rest_seconds``, ``process_unit_s``, ``process_memory``): one process's terms (module doc),
+    from its two runs, one micro-batch and the largest M up to 8; the memory line through their
+    points (a fixed part only where the batch allows one micro-batch)."""
+    rest, first = measure_rest(target, costs)
+    unit, second = measure_units(target, dataclasses.replace(costs, rest_seconds=rest))
+    (n0, r0), (n1, r1) = first, second or first
+    per = (r1 - r0) / (n1 - n0) if abs(n1 - n0) >= 0.5 else 0.0
+    return rest, unit, {"fixed_bytes": r0 - per * n0, "node_bytes": per}
 
 
 def measure_devices(target: Target, costs: ModelCosts) -> float:
@@ -242,23 +270,21 @@ def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float
         plan = candidates.Plan("pipeline_mesh", stages, m, "fill_drain", remat, cut, stage_mesh=size)
         units, residual, run, pred = _against(target, plan, bare, probed, "stage meshes' own costs")
         steps.append((units, residual))
-        process = pred.processes[0]
-        nodes = process.items["graph"] / GRAPH_NODE_BYTES["in_process"]
-        memory.append((nodes, run["peaks_mib"][0] * MIB - process.total))
+        memory.append(_memory_point(run, pred))
     step_s, unit_s = _solve(steps)
     fixed_bytes, node_bytes = _solve(memory)
     return {"step_s": step_s, "unit_s": unit_s, "fixed_bytes": fixed_bytes, "node_bytes": node_bytes}
 
 
 def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candidates.Plan]) -> None:
-    """Measures, once, the terms ``plans`` need that ``costs`` lacks (the step outside the stack; the
-    stage processes' for a stage-process plan, and their cost a task for deeper ones;
-    ``process_unit_s`` for a pipelined plan in one process, ``devices_serial`` for one on several
+    """Measures, once, the terms ``plans`` need that ``costs`` lacks (one process's: the step outside
+    the stack, a unit's own cost, its memory; the stage processes' for a stage-process plan, and
+    their cost a task for deeper ones; ``devices_serial`` for one on several
     logical devices of a process, each ``predict.mesh_key``'s for a mesh plan), saving each to the
     ``cache`` file."""
     plans = list(plans)
-    if costs.rest_seconds < 0:
-        costs.rest_seconds = measure_rest(target, costs)
+    if costs.rest_seconds < 0 or costs.process_unit_s < 0 or not costs.process_memory:
+        costs.rest_seconds, costs.process_unit_s, costs.process_memory = measure_process(target, costs)
         save(costs, cache)
     deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)
     if costs.stage_step_s < 0 and deepest:
@@ -266,12 +292,6 @@ def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candi
         save(costs, cache)
     if costs.stage_task_s < 0 and deepest > 2:
         costs.stage_task_s = measure_tasks(target, costs, deepest)
-        save(costs, cache)
-    pipelined = [
-        p for p in plans if p.placement != "stage_processes" and p.num_stages * p.num_micro_batches > 1
-    ]
-    if costs.process_unit_s < 0 and pipelined:
-        costs.process_unit_s = measure_units(target, costs)
         save(costs, cache)
     in_process = ("logical", "pipeline_mesh")
     if costs.devices_serial < 0 and any(p.placement in in_process and p.num_stages > 1 for p in plans):

@@ -137,6 +137,9 @@ class ModelCosts:
     # a unit's own cost inside one process's traced step beyond its layers' timings
     # (calibrate.measure_units); < 0: unmeasured (0)
     process_unit_s: float = -1.0
+    # one process's peak beyond memory's items, fixed_bytes + node_bytes x graph nodes
+    # (calibrate.measure_process); empty: unmeasured
+    process_memory: dict[str, float] = dataclasses.field(default_factory=dict)
     stage_unit_s: float = 0.0  # and its cost per unit (but a split backward's W: no crossing)
     update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
     # per ``predict.mesh_key`` (one stage or a pipeline x mesh size S): what stages on DTensor meshes

@@ -22,7 +22,8 @@ is left out. Stage processes and stages on a DTensor mesh add their calibrated c
 and a cost per unit (a stage process's: every unit but a split backward's W, which hands nothing to
 another process; a mesh's: the same units, one stage's or a pipeline's of two, ``mesh_key``).
 Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process (every
-weight whole across its S devices), plus its calibrated ``mesh`` item. A split backward's graph
+weight whole across its S devices), plus its calibrated ``mesh`` item; any other plan in one process
+has its calibrated ``calibrated`` item instead of ``update``. A split backward's graph
 counts the layers whose weight gradient W takes (``memory.deferred_layers``: the executor's own
 choice).
 """
@@ -226,6 +227,10 @@ def predict(
                 total[key] = total.get(key, 0.0) + value
         if meshed:
             total["mesh"] = meshed["fixed_bytes"] + meshed["node_bytes"] * nodes
+        elif costs.process_memory:  # calibrated in one process, the update's temporaries with it
+            total["update"] = 0.0
+            fitted = costs.process_memory
+            total["calibrated"] = fitted["fixed_bytes"] + fitted["node_bytes"] * nodes
         if plan.replicas > 1:
             total["all_reduce"] = grad_bytes
         name = "process" if plan.replicas == 1 else "each replica"
