@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         "--calibration_trials",
         type=int,
         default=3,
-        help="times each calibration run is trained, the median taken (the first plan of an experiment)",
+        help="times each calibration run is trained (the step the median, each process's peak the "
+        "highest; the first plan of an experiment)",
     )
     p.add_argument("--objective", choices=("step_time", "largest"), default="step_time")
     p.add_argument("--current", action="store_true", help="predict the experiment as configured")

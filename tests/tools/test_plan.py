@@ -307,7 +307,7 @@ def test_the_stage_processes_fixed_cost_grows_with_each_task_beyond_two(monkeypa
 
 def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches(monkeypatch):
     """``rest_seconds`` is one process's plain step (one micro-batch) less its layers; the run at M = 8
-    gives a unit's own cost; the two runs' peaks above their predictions (without the term, nor the
+    gives a layer's own cost; the two runs' peaks above their predictions (without the term, nor the
     update's temporaries) give the memory line through them, which any later plan in one process
     pays in place of ``update``, a mesh plan and stage processes not."""
     trained = []
@@ -318,22 +318,22 @@ def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches
         trained.append((plan.placement, plan.num_stages, m, plan.remat))
         assert not bare.process_memory and bare.update_ratio == 0.0
         pred = predict.predict(bare, plan, 1e9, 0.0)
-        units = (predict.predict(probed, plan, 1e9, 0.0).step_s - pred.step_s) / calibrate.PROBE_UNIT_S
-        step = 0.25 if m == 1 else pred.step_s + units * 0.003  # a plain step of 250 ms; 3 ms a unit
+        layers = (predict.predict(probed, plan, 1e9, 0.0).step_s - pred.step_s) / calibrate.PROBE_UNIT_S
+        step = 0.25 if m == 1 else pred.step_s + layers * 0.003  # a plain step of 250 ms; 3 ms a layer
         run = {"step_s": step, "peaks_mib": [(pred.processes[0].total + over[m]) / memory.MIB]}
-        return units, step - pred.step_s, run, pred
+        return layers, step - pred.step_s, run, pred
 
     monkeypatch.setattr(calibrate, "_against", residual)
     model = dataclasses.replace(_uniform_costs(), rest_seconds=-1.0, update_ratio=2.0)
     target = calibrate.Target("x", [], "p", 2, lambda _: None)
-    rest, unit, fitted = calibrate.measure_process(target, model)
+    rest, layer, fitted = calibrate.measure_process(target, model)
     assert rest == pytest.approx(0.25 - 4 * 0.03)  # F + B of 4 layers
-    assert unit == pytest.approx(0.003)
+    assert layer == pytest.approx(0.003)
     assert trained == [("one_process", 1, 1, "never"), ("one_process", 1, 8, "never")]
     nodes = 4 * 100.0  # ops of 4 layers, once per micro-batch
     assert fitted["node_bytes"] == pytest.approx((2e6 - 30e6) / (7 * nodes))
     assert fitted["fixed_bytes"] + fitted["node_bytes"] * nodes == pytest.approx(30e6)
-    model.rest_seconds, model.process_unit_s, model.process_memory = rest, unit, fitted
+    model.rest_seconds, model.process_layer_s, model.process_memory = rest, layer, fitted
     for m in (1, 8):  # the calibration's own plans are predicted as measured
         plan = candidates.Plan("one_process", 1, m, "fill_drain", "never", ())
         bare = dataclasses.replace(model, process_memory={}, update_ratio=0.0)
@@ -357,23 +357,24 @@ def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches
     assert "calibrated" not in meshed.processes[0].items
 
 
-def test_a_unit_in_one_process_pays_its_calibrated_cost_and_a_plain_step_does_not():
+def test_each_layer_of_a_unit_in_one_process_pays_its_calibrated_cost_and_a_plain_step_does_not():
     model = _uniform_costs()
     plain, micro = (candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in (1, 4))
     before = [predict.predict(model, p, 1e9, 0.0).step_s for p in (plain, micro)]
-    model.process_unit_s = 0.002
+    model.process_layer_s = 0.002
     after = [predict.predict(model, p, 1e9, 0.0).step_s for p in (plain, micro)]
     assert after[0] == pytest.approx(before[0])  # one stage, one micro-batch: the plain step
-    assert after[1] - before[1] == pytest.approx(2 * 4 * 0.002)  # M forwards and M backwards
-    # a split backward's weight half W pays none: its ops run with the step's others
+    assert after[1] - before[1] == pytest.approx(2 * 4 * 4 * 0.002)  # M forwards and M backwards of 4 layers
     model.devices_serial = 1.0  # the devices take turns: the step is every unit's time
-    for sched in ("one_f_one_b", "zb_h1"):
-        plan = candidates.Plan("logical", 2, 4, sched, "never", (2,))
+    for sched, v, units in [("one_f_one_b", 1, 2), ("zb_h1", 1, 3), ("interleaved_1f1b", 2, 2)]:
+        cut = (1, 2, 3) if v == 2 else (2,)  # interleaved: units of half the layers, twice as many
+        plan = candidates.Plan("logical", 2, 4, sched, "never", cut, virtual_stages=v)
         costs_of = [
-            predict.predict(dataclasses.replace(model, process_unit_s=x), plan, 1e9, 0.0).step_s
+            predict.predict(dataclasses.replace(model, process_layer_s=x), plan, 1e9, 0.0).step_s
             for x in (0.0, 0.002)
         ]
-        assert costs_of[1] - costs_of[0] == pytest.approx(2 * 2 * 4 * 0.002), sched  # K x M x (F, B or I)
+        # every layer of every unit, a split backward's W included: M x layers x (F and B, or F, I and W)
+        assert costs_of[1] - costs_of[0] == pytest.approx(4 * 4 * units * 0.002), sched
 
 
 def test_a_stage_mesh_holds_every_weight_in_its_process_and_pays_its_calibrated_terms():

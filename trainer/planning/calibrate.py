@@ -7,14 +7,14 @@ from one run to the next by a weight's size or two, and a planner's "fits" must 
 One process (``measure_process``). The step outside the pipelined stack (the embedding, the loss,
 the optimizer's update): ``measure_rest`` trains the experiment as one process, one micro-batch, and
 takes its step less its layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
-A unit inside one process's traced step costs more than its layers timed alone (its ops' dispatch
-in the step's executor, the micro-batch's slicing and joins): ``measure_units`` trains the
+A layer of a unit inside one process's traced step costs more than the layer timed alone (its ops'
+dispatch in the step's executor, the micro-batch's slicing and joins): ``measure_layers`` trains the
 experiment as one process at the largest M up to 8 (one stage, fill-drain, remat never) and divides
-its step less its prediction by the units on its critical path: ``process_unit_s``. The two runs'
-peaks above their predictions give one process's own memory term, ``process_memory``: measured peak
-= predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes: the traced step's op count, which M
-multiplies; either part may be negative where the fixed items over-count this experiment), so the
-constants of ``memory`` are corrected on the experiment itself.
+its step less its prediction by the layers of the units on its critical path: ``process_layer_s``.
+The two runs' peaks above their predictions give one process's own memory term,
+``process_memory``: measured peak = predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes:
+the traced step's op count, which M multiplies; either part may be negative where the fixed items
+over-count this experiment), so the constants of ``memory`` are corrected on the experiment itself.
 
 A unit a stage process runs goes through TensorFlow's distributed runtime, and a step of stage
 processes pays for the trainer's call into every stage task: costs the per-layer timings in one
@@ -210,29 +210,29 @@ def measure_rest(target: Target, costs: ModelCosts) -> tuple[float, tuple[float,
     return max(residual, 0.0), _memory_point(run, pred)
 
 
-def measure_units(target: Target, costs: ModelCosts) -> tuple[float, tuple[float, float] | None]:
-    """``process_unit_s`` (module doc): one process at the largest M up to 8 (one stage, fill-drain,
-    remat never), its step less its prediction without the term, over the units on its critical
-    path (at least 0), and the run's memory point; (0, None) where the batch allows one micro-batch
-    only."""
+def measure_layers(target: Target, costs: ModelCosts) -> tuple[float, tuple[float, float] | None]:
+    """``process_layer_s`` (module doc): one process at the largest M up to 8 (one stage, fill-drain,
+    remat never), its step less its prediction without the term, over the layers of the units on
+    its critical path (at least 0), and the run's memory point; (0, None) where the batch allows one
+    micro-batch only."""
     counts = micro_batch_counts(costs.batch_size)
     if not counts:
         return 0.0, None
     plan = candidates.Plan("one_process", 1, counts[-1], "fill_drain", "never", ())
-    bare, probed = (_one_process(costs, process_unit_s=x) for x in (0.0, PROBE_UNIT_S))
-    units, residual, run, pred = _against(target, plan, bare, probed, "a unit's own cost in one process")
-    return (max(residual / units, 0.0) if units > 0 else 0.0), _memory_point(run, pred)
+    bare, probed = (_one_process(costs, process_layer_s=x) for x in (0.0, PROBE_UNIT_S))
+    layers, residual, run, pred = _against(target, plan, bare, probed, "a layer's own cost in one process")
+    return (max(residual / layers, 0.0) if layers > 0 else 0.0), _memory_point(run, pred)
 
 
 def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, dict[str, float]]:
-    """(``rest_seconds``, ``process_unit_s``, ``process_memory``): one process's terms (module doc),
+    """(``rest_seconds``, ``process_layer_s``, ``process_memory``): one process's terms (module doc),
     from its two runs, one micro-batch and the largest M up to 8; the memory line through their
     points (a fixed part only where the batch allows one micro-batch)."""
     rest, first = measure_rest(target, costs)
-    unit, second = measure_units(target, dataclasses.replace(costs, rest_seconds=rest))
+    layer, second = measure_layers(target, dataclasses.replace(costs, rest_seconds=rest))
     (n0, r0), (n1, r1) = first, second or first
     per = (r1 - r0) / (n1 - n0) if abs(n1 - n0) >= 0.5 else 0.0
-    return rest, unit, {"fixed_bytes": r0 - per * n0, "node_bytes": per}
+    return rest, layer, {"fixed_bytes": r0 - per * n0, "node_bytes": per}
 
 
 def measure_devices(target: Target, costs: ModelCosts) -> float:
@@ -278,13 +278,13 @@ def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float
 
 def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candidates.Plan]) -> None:
     """Measures, once, the terms ``plans`` need that ``costs`` lacks (one process's: the step outside
-    the stack, a unit's own cost, its memory; the stage processes' for a stage-process plan, and
+    the stack, a layer's own cost, its memory; the stage processes' for a stage-process plan, and
     their cost a task for deeper ones; ``devices_serial`` for one on several
     logical devices of a process, each ``predict.mesh_key``'s for a mesh plan), saving each to the
     ``cache`` file."""
     plans = list(plans)
-    if costs.rest_seconds < 0 or costs.process_unit_s < 0 or not costs.process_memory:
-        costs.rest_seconds, costs.process_unit_s, costs.process_memory = measure_process(target, costs)
+    if costs.rest_seconds < 0 or costs.process_layer_s < 0 or not costs.process_memory:
+        costs.rest_seconds, costs.process_layer_s, costs.process_memory = measure_process(target, costs)
         save(costs, cache)
     deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)
     if costs.stage_step_s < 0 and deepest:

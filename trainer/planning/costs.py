@@ -134,9 +134,9 @@ class ModelCosts:
     # how far one process's logical devices take turns (calibrate.measure_devices): 0, they overlap as
     # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
     devices_serial: float = -1.0
-    # a unit's own cost inside one process's traced step beyond its layers' timings
-    # (calibrate.measure_units); < 0: unmeasured (0)
-    process_unit_s: float = -1.0
+    # a layer's own cost in a unit inside one process's traced step beyond its timing
+    # (calibrate.measure_layers); < 0: unmeasured (0)
+    process_layer_s: float = -1.0
     # one process's peak beyond memory's items, fixed_bytes + node_bytes x graph nodes
     # (calibrate.measure_process); empty: unmeasured
     process_memory: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -163,9 +163,12 @@ class ModelCosts:
 
     @classmethod
     def from_json(cls, text: str) -> ModelCosts:
+        """The costs of a cache file; a term this version does not know is dropped (the terms it
+        lacks read as unmeasured, and ``calibrate.ensure`` measures them)."""
         d = json.loads(text)
         d["per_size"] = {int(k): v for k, v in d["per_size"].items()}
-        return cls(**d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 # ---------------------------------------------------------------------------------- measurement

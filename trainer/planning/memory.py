@@ -102,13 +102,14 @@ def part_bytes(costs: ModelCosts, micro_batch: int, bounds: Sequence[int]) -> tu
 # A layer whose weight gradient the weight half of a split backward (W) takes traces that many
 # times the nodes of one whose backward is one pass: I's gradient to the stage's input and to the
 # layer's weight cut, then W's from the cut (``layers.parallel.pipeline.weight_cut``). Fitted on one
-# process at 8 x 128, K=8 and K=4 on logical devices, M=8: ZB-H2 and 1F1B-split (every layer's W
-# deferred at K=8, one layer in two at K=4) beside fill-drain.
-DEFERRED_NODES = 2.8
+# process at 8 x 128: K=8 and K=4 on logical devices, M=8, ZB-H2 and 1F1B-split (every layer's W
+# deferred at K=8, one layer in two at K=4) beside fill-drain; and K=2, M=2 and 4, ZB-H1, ZB-H2 and
+# 1F1B-split (two layers of four deferred a stage), which peaked 3 to 9% above 2.8 in three runs.
+DEFERRED_NODES = 3.4
 # The trainer of stage processes keeps what a deferred W adds to its stages' graphs that many times
 # over (per node, at its own ``GRAPH_NODE_BYTES``): fitted on its VmHWM at 8 x 128 and 8 x 512, K=2
-# and K=4, ZB-H1 and ZB-H2, M=2 to 8, beside fill-drain.
-TRAINER_DEFERRED_EXTRA = 1.8
+# and K=4, ZB-H1 and ZB-H2, M=2 to 8, beside fill-drain (1.8 times 2.8 - 1 extra nodes then).
+TRAINER_DEFERRED_EXTRA = 1.35
 
 
 def deferred_layers(schedule: Any, bounds: Sequence[int], unit_bytes: float) -> list[set[int]]:

@@ -7,16 +7,17 @@ halves), with every hand-off between stage processes costing the link's latency 
 the link's bandwidth; plus the step outside the stack (embedding, loss, optimizer: calibrated at the
 full batch, divided among replicas); plus, for stage processes, the trainer's hand-off to the first
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
-over the link). A unit inside one process's traced step costs a calibrated ``process_unit_s`` beyond
-its layers' isolated timings (its ops' dispatch in the step's executor, the micro-batch's slicing
-and joins); a split backward's weight half W does not (its ops run with the step's others).
+over the link). Each layer of a unit inside one process's traced step, W included, costs a
+calibrated ``process_layer_s`` beyond its isolated timing (its ops' dispatch in the step's executor,
+the micro-batch's slicing and joins): a cost per layer, not per unit, so an interleaved schedule's
+units of fewer layers each pay less.
 Logical devices of one process overlap only partly (their ops' dispatch is the process's): an
 in-process pipeline's step lies between the schedule's timeline and the sum of all its units,
 ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at once beyond
 the host's cores (``host_cores``) take turns: the step is at least all their units' CPU time over
 the cores, a unit's CPU time its layers' time by the CPU seconds a second they took when timed
 (``cpu_per_wall``: with one thread per op, TensorFlow still runs independent ops side by side),
-plus its own cost in one process; a dispatch to a stage process or a mesh waits on the runtime and
+plus its layers' own cost in one process; a dispatch to a stage process or a mesh waits on the runtime and
 is left out. Stage processes and stages on a DTensor mesh add their calibrated costs
 (``calibrate``): a fixed cost a step (stage processes': two tasks', and one for each further task)
 and a cost per unit (a stage process's: every unit but a split backward's W, which hands nothing to
@@ -92,25 +93,34 @@ def _bounds(plan: Plan, num_layers: int) -> list[int]:
     return [0, *plan.split_points, num_layers]
 
 
-def stage_costs(costs: ModelCosts, plan: Plan, micro_batch: int, transfer: float, unit_s: float = 0.0) -> Any:
+def stage_costs(
+    costs: ModelCosts,
+    plan: Plan,
+    micro_batch: int,
+    transfer: float,
+    unit_s: float = 0.0,
+    layer_s: float = 0.0,
+) -> Any:
     """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit but a split
-    backward's weight half W ``unit_s`` longer (a unit's own cost: its dispatch, its crossing to
-    another process; W hands nothing on, and its ops run with the step's others: measured, ZB-H1 and
-    ZB-H2 on logical devices step as fill-drain does)."""
+    backward's weight half W ``unit_s`` longer (a unit's dispatch to, or crossing from, another
+    process: W hands nothing on) and every unit W included ``layer_s`` longer per layer of its part
+    (a layer's own cost in one process's traced step: its ops' dispatch, its slicing and joins;
+    measured, ZB-H1 and ZB-H2 in one process step no faster than fill-drain)."""
     figures = costs.per_size[micro_batch]
     bounds = _bounds(plan, costs.num_layers)
 
     def sums(name: str) -> list[float]:
         return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
 
+    own = [layer_s * (b - a) for a, b in zip(bounds[:-1], bounds[1:])]
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
     return simulator.StageCosts.given(
-        [f + unit_s for f in forward],
-        [b + unit_s for b in backward],
-        [f + unit_s for f in forward],
+        [f + unit_s + o for f, o in zip(forward, own)],
+        [b + unit_s + o for b, o in zip(backward, own)],
+        [f + unit_s + o for f, o in zip(forward, own)],
         transfer,
-        backward_input=[i + unit_s for i in b_in],
-        backward_weight=[max(b - i, 0.0) for b, i in zip(backward, b_in)],
+        backward_input=[i + unit_s + o for i, o in zip(b_in, own)],
+        backward_weight=[max(b - i, 0.0) + o for b, i, o in zip(backward, b_in, own)],
     )
 
 
@@ -138,14 +148,15 @@ def predict(
     plan shares (all on one host); 0: each process has its own."""
     b = plan.micro_batch(costs.batch_size)
     m, k, v = plan.num_micro_batches, plan.num_stages, plan.virtual_stages
+    bounds = _bounds(plan, costs.num_layers)
     handoff = float(b * costs.example_bytes)
     remote = plan.placement == "stage_processes"
     transfer = handoff_seconds(costs, handoff, link_bytes_per_s, link_latency_s) if remote else 0.0
     meshed = costs.mesh.get(mesh_key(plan), {}) if plan.placement == "pipeline_mesh" else {}
     dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # waits on the runtime
     pipelines = k * m > 1 or plan.remat != "never"  # else the plain step, which rest_seconds measured
-    own = max(costs.process_unit_s, 0.0) if not remote and pipelines else 0.0  # holds a core
-    sc = stage_costs(costs, plan, b, transfer, dispatch + own)
+    own = max(costs.process_layer_s, 0.0) if not remote and pipelines else 0.0  # holds a core
+    sc = stage_costs(costs, plan, b, transfer, dispatch, own)
     sched = schedule.build(plan.schedule, k, m, plan.remat, v)
     sim = simulator.simulate(sched, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
@@ -154,11 +165,13 @@ def predict(
         serial = costs.devices_serial if costs.devices_serial >= 0 else 1.0
         pipelined += serial * max(busy - pipelined, 0.0)
     if host_cores:  # every process's units' CPU time (R replicas: R times one's) on the host's cores
-        charged = sum(1 for e in sim.events if e.kind != schedule.BACKWARD_WEIGHT)  # pay unit costs
+        waits = dispatch * sum(1 for e in sim.events if e.kind != schedule.BACKWARD_WEIGHT)
+        layers = [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
+        owns = own * sum(layers[e.stage] for e in sim.events)
         cpu = statistics.fmean(costs.per_size[b].get("cpu_per_wall", [1.0]))
-        # the layers' CPU time, and each unit's own cost in one process; a dispatch to a stage
+        # the layers' CPU time, and each layer's own cost in one process; a dispatch to a stage
         # process or a mesh waits on the runtime, not a core
-        compute = (busy - charged * (dispatch + own)) * cpu + charged * own
+        compute = (busy - waits - owns) * cpu + owns
         pipelined = max(pipelined, compute * plan.replicas / host_cores)
     step = pipelined + max(costs.rest_seconds, 0.0) / plan.replicas + meshed.get("step_s", 0.0)
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed costs
@@ -169,7 +182,6 @@ def predict(
         step += 2 * (r - 1) / r * grad_bytes / link_bytes_per_s + 2 * (r - 1) * link_latency_s
 
     # memory: per device (stage rows of the timeline), then per process
-    bounds = _bounds(plan, costs.num_layers)
     full, inputs = memory.part_bytes(costs, b, bounds)
     kept = costs.per_size[b]["kept_bytes"]
     split = plan.schedule in schedule.SPLIT_BACKWARD
