@@ -357,6 +357,16 @@ def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches
     assert "calibrated" not in meshed.processes[0].items
 
 
+def test_a_cache_of_another_version_keeps_its_timings_and_its_unknown_terms_are_measured_again():
+    model = dataclasses.replace(_uniform_costs(), process_layer_s=0.002, process_memory={"fixed_bytes": 1.0})
+    d = json.loads(model.to_json())
+    d["retired_term_s"] = 0.5  # a term an earlier version wrote
+    del d["process_layer_s"], d["process_memory"]  # terms it did not have
+    read = costs.ModelCosts.from_json(json.dumps(d))
+    assert read.per_size == model.per_size and read.layer_params == model.layer_params
+    assert read.process_layer_s < 0 and not read.process_memory  # unmeasured: calibrate.ensure runs them
+
+
 def test_each_layer_of_a_unit_in_one_process_pays_its_calibrated_cost_and_a_plain_step_does_not():
     model = _uniform_costs()
     plain, micro = (candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in (1, 4))

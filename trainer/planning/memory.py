@@ -17,14 +17,14 @@
     graph        the traced step's graph: its op count (each layer's measured gradient graph, per
                  micro-batch and unit) times ``GRAPH_NODE_BYTES`` of the process's kind
     all_reduce   replicas: one more copy of the gradients, the all-reduce's buffer
-    calibrated   a plan in one process (not on meshes): what the experiment's own one-process runs
-                 peaked above the items here, a fixed part (it holds ``update`` there) and a part
-                 per graph node, either negative where the items over-count
-                 (``calibrate.measure_process``)
     mesh         stages on a DTensor mesh of S devices: what DTensor keeps beyond the unsharded
                  layers' items (its runtime, the replicated tensors, the per-device graphs), a fixed
                  part and a part per graph node, calibrated for one stage and for a pipeline of
                  stage meshes of each S (``calibrate.measure_mesh``)
+    calibrated   a plan in one process (not on meshes): what the experiment's own one-process runs
+                 peaked above the items here, a fixed part (it holds ``update`` there) and a part
+                 per graph node, either negative where the items over-count
+                 (``calibrate.measure_process``)
 
 What it leaves out is in docs/plan.md.
 """
