@@ -197,21 +197,6 @@ def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | No
     for task in cluster:
         where = "" if hosts is None else f" on {hosts.name(task.host)} ({hosts.address(task.host)})"
         print(f"local_cluster: {task.name}{where}: {shlex.join(task.command)}", flush=True)
-    for task in cluster:
-        command = task.command if hosts is None else hosts.command(task.host, task.command)
-        task.proc = subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            preexec_fn=None if hosts is None else _die_with_parent,
-        )
-        pump = threading.Thread(target=_pump, args=(task, lock), daemon=True)
-        pump.start()
-        pumps.append(pump)
-
     received: list[int] = []  # signals forwarded: then the cluster's status is the signal's, in one line
     killed: list[str] = []  # the tasks still running ``grace_seconds`` after a failure or a signal
 
@@ -222,9 +207,15 @@ def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | No
             if t.proc is not None and t.proc.poll() is None:
                 t.proc.send_signal(signum)
 
+    # forwarded from before the first task starts: a signal while they start is not lost, and a
+    # task started after it gets it too
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 0
     try:
+        for task in cluster:
+            _start(task, env, hosts, lock, pumps)
+            if received:
+                task.proc.send_signal(received[0])
         status = _wait(cluster, grace_seconds, received, killed)
     finally:
         for s, handler in previous.items():
@@ -241,6 +232,23 @@ def run(cluster: list[Task], grace_seconds: float, hosts: local_hosts.Hosts | No
         print(f"local_cluster: {what}; forwarded to every process{late}", file=sys.stderr, flush=True)
         return 128 + received[0]
     return status
+
+
+def _start(task: Task, env: dict, hosts: local_hosts.Hosts | None, lock: threading.Lock, pumps: list) -> None:
+    """Starts ``task``'s process (on its host) and the thread relaying its output."""
+    command = task.command if hosts is None else hosts.command(task.host, task.command)
+    task.proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        preexec_fn=None if hosts is None else _die_with_parent,
+    )
+    pump = threading.Thread(target=_pump, args=(task, lock), daemon=True)
+    pump.start()
+    pumps.append(pump)
 
 
 def _wait(cluster: list[Task], grace_seconds: float, received: Sequence[int], killed: list[str]) -> int:
