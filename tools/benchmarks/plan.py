@@ -389,7 +389,8 @@ def main(argv: list[str]) -> int:
         "--calibration_trials",
         type=int,
         default=3,
-        help="Times each calibration run is trained, the median taken (--quick: 1).",
+        help="Times each calibration run is trained: the step the median, each process's peak the "
+        "highest (--quick: 1).",
     )
     parser.add_argument(
         "--choice_trials",
