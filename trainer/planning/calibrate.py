@@ -100,12 +100,14 @@ def micro_batch_counts(batch: int) -> list[int]:
     return sorted({ms[0], ms[-1]}) if ms else []
 
 
-def _solve(points: list[tuple[float, float]]) -> tuple[float, float]:
+def _solve(points: list[tuple[float, float]], floor: float | None = 0.0) -> tuple[float, float]:
     """(fixed, per) with residual = fixed + per x n through the first and last (n, residual) points,
-    each at least 0."""
+    each at least ``floor`` (None: unbounded)."""
     (n0, r0), (n1, r1) = points[0], points[-1]
-    per = max((r1 - r0) / (n1 - n0), 0.0) if abs(n1 - n0) >= 0.5 else 0.0  # else: no unit to tell
-    return max(r0 - per * n0, 0.0), per
+    per = (r1 - r0) / (n1 - n0) if abs(n1 - n0) >= 0.5 else 0.0  # else: no unit to tell
+    per = per if floor is None else max(per, floor)
+    fixed = r0 - per * n0
+    return (fixed if floor is None else max(fixed, floor)), per
 
 
 def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -> dict:
@@ -230,9 +232,8 @@ def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, di
     points (a fixed part only where the batch allows one micro-batch)."""
     rest, first = measure_rest(target, costs)
     layer, second = measure_layers(target, dataclasses.replace(costs, rest_seconds=rest))
-    (n0, r0), (n1, r1) = first, second or first
-    per = (r1 - r0) / (n1 - n0) if abs(n1 - n0) >= 0.5 else 0.0
-    return rest, layer, {"fixed_bytes": r0 - per * n0, "node_bytes": per}
+    fixed, per = _solve([first, second or first], floor=None)
+    return rest, layer, {"fixed_bytes": fixed, "node_bytes": per}
 
 
 def measure_devices(target: Target, costs: ModelCosts) -> float:

@@ -93,6 +93,11 @@ def _bounds(plan: Plan, num_layers: int) -> list[int]:
     return [0, *plan.split_points, num_layers]
 
 
+def _part_layers(bounds: list[int]) -> list[int]:
+    """How many layers each part of the cut ``bounds`` holds."""
+    return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def stage_costs(
     costs: ModelCosts,
     plan: Plan,
@@ -112,7 +117,7 @@ def stage_costs(
     def sums(name: str) -> list[float]:
         return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    own = [layer_s * (b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    own = [layer_s * n for n in _part_layers(bounds)]
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
     return simulator.StageCosts.given(
         [f + unit_s + o for f, o in zip(forward, own)],
@@ -166,7 +171,7 @@ def predict(
         pipelined += serial * max(busy - pipelined, 0.0)
     if host_cores:  # every process's units' CPU time (R replicas: R times one's) on the host's cores
         waits = dispatch * sum(1 for e in sim.events if e.kind != schedule.BACKWARD_WEIGHT)
-        layers = [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
+        layers = _part_layers(bounds)
         owns = own * sum(layers[e.stage] for e in sim.events)
         cpu = statistics.fmean(costs.per_size[b].get("cpu_per_wall", [1.0]))
         # the layers' CPU time, and each layer's own cost in one process; a dispatch to a stage
