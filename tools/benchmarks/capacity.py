@@ -270,34 +270,49 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float, b
     }
 
 
-def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: float, verbose: bool) -> dict:
-    """The largest size of ``ladder`` that ``row`` trains within the budget. The ladder's sizes grow
-    (each needs at least the memory of the one before), so the climb gallops up (rungs 1, 2, 4, 8, ...
-    above the largest that fitted) until a size fails, then bisects between the two: a row whose
-    answer is rung n of the ladder costs about 2 log2(n) trials instead of n."""
-    best = {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None}
-    fits, fails, step, failure = -1, len(ladder), 1, None
+def gallop(count: int, attempt: Callable[[int], str | None]) -> tuple[int, str | None]:
+    """The largest index below ``count`` for which ``attempt(i)`` succeeds (returns None; else the
+    reason it failed), -1 for none, and the failure that bounds it (None: the last index succeeds).
+    Index i + 1 needs at least the memory of i, so the search gallops up (1, 2, 4, 8, ... above the
+    largest success) until an attempt fails, then bisects between the two: an answer at index n costs
+    about 2 log2(n) attempts instead of n."""
+    fits, fails, step, failure = -1, count, 1, None
     while fails - fits > 1:
         i = min(fits + step, fails - 1) if failure is None else (fits + fails) // 2
+        why = attempt(i)
+        if why is None:
+            fits, step = i, step * 2
+        else:
+            fails, failure = i, why
+    return fits, failure
+
+
+def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: float, verbose: bool) -> dict:
+    """The largest size of ``ladder`` that ``row`` trains within the budget (``gallop``)."""
+    results: dict[int, dict] = {}
+
+    def attempt(i: int) -> str | None:
         layers, width = ladder[i]
-        result = trial(row, layers, width, train_steps, timeout, budget_mib)
+        result = results[i] = trial(row, layers, width, train_steps, timeout, budget_mib)
         if verbose:
             print(
                 f"capacity benchmark: {row.placement} {layers}x{width}: {result}", file=sys.stderr, flush=True
             )
-        if not result["ok"] or result["over"]:
-            fails = i
-            if not result["ok"]:
-                why = result.get("why", "a loss that is not finite")
-            else:
-                why = result.get("why", f"peak {result.get('peak_rss_mib', 0):.0f} MiB") + " over the budget"
-            failure = f"{layers}x{width}: {why}"
-            continue
-        fits, step = i, step * 2
+        if not result["ok"]:
+            return f"{layers}x{width}: {result.get('why', 'a loss that is not finite')}"
+        if result["over"]:
+            why = result.get("why", f"peak {result.get('peak_rss_mib', 0):.0f} MiB")
+            return f"{layers}x{width}: {why} over the budget"
+        return None
+
+    fits, failure = gallop(len(ladder), attempt)
+    best = {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None}
+    if fits >= 0:
+        result = results[fits]
         best = {
             "params": result["params"],
-            "layers": layers,
-            "width": width,
+            "layers": ladder[fits][0],
+            "width": ladder[fits][1],
             "peak_rss_mib": result["peak_rss_mib"],
             "peaks_mib": result["peaks_mib"],
         }
@@ -316,9 +331,18 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--timeout_s", type=float, default=600.0, help="Seconds one size may take.")
     parser.add_argument("--quick", action="store_true", help="Two tiny sizes (a smoke test).")
+    parser.add_argument(
+        "--calibration_trials",
+        type=int,
+        default=3,
+        help=f"{PLANNED}: times each of the planner's calibration runs is trained at a size it has no "
+        "cached costs for (the step the median, each process's peak the highest).",
+    )
     parser.add_argument("--verbose", action="store_true", help="Each trial on stderr.")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv[1:])
+    if args.calibration_trials < 1:
+        parser.error(f"--calibration_trials must be >= 1, got {args.calibration_trials}")
     if args.worker:
         return run_worker(json.loads(args.worker))
     known = {r.placement: r for r in ROWS}
@@ -332,7 +356,13 @@ def main(argv: list[str]) -> int:
             from tools.benchmarks import plan
 
             best = plan.planned_largest(
-                ladder, args.budget_mib, PLANNED_PROCESSES, args.train_steps, args.timeout_s, args.verbose
+                ladder,
+                args.budget_mib,
+                PLANNED_PROCESSES,
+                args.train_steps,
+                args.timeout_s,
+                args.verbose,
+                args.calibration_trials,
             )
         else:
             best = climb(known[name], ladder, args.budget_mib, args.train_steps, args.timeout_s, args.verbose)

@@ -83,13 +83,21 @@ def cost_name(model: str, layers: int, width: int) -> str:
 
 
 def planned_largest(
-    ladder: list, budget_mib: float, processes: int, train_steps: int, timeout: float, verbose: bool
+    ladder: list,
+    budget_mib: float,
+    processes: int,
+    train_steps: int,
+    timeout: float,
+    verbose: bool,
+    calibration_trials: int = 3,
 ) -> dict:
     """The capacity benchmark's ``planned_k4`` row: the largest size of ``ladder`` for which the
-    planner has a plan on ``processes`` processes under ``budget_mib`` (galloping then bisecting, as
-    ``capacity.climb``: the family's memory grows with the rungs), that plan trained ``train_steps``
-    steps with every process's peak (VmHWM) read."""
+    planner has a plan on ``processes`` processes under ``budget_mib`` (``capacity.gallop``: the
+    family's memory grows with the rungs), each size's calibration runs trained ``calibration_trials``
+    times where the cache has none, then that plan trained ``train_steps`` steps with every process's
+    peak (VmHWM) read."""
     from tools import plan as tool
+    from tools.benchmarks import capacity
     from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
     def say(message: str) -> None:
@@ -105,7 +113,8 @@ def planned_largest(
         cores = len(os.sched_getaffinity(0))  # every process of the plan runs on this host
         prefix = costs.pipeline_prefix(root)
         plans = list(candidates.enumerate_plans(model_costs, processes))
-        calibrate.ensure(calibrate.Target(MODEL, gin, prefix, cores, say), model_costs, cache, plans)
+        target = calibrate.Target(MODEL, gin, prefix, cores, say, calibration_trials)
+        calibrate.ensure(target, model_costs, cache, plans)
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(budget_mib)), key=lambda p: tool.rank_key(p, "step_time")
@@ -113,17 +122,19 @@ def planned_largest(
         say(f"{layers}x{width}: {fitting[0].plan.name() if fitting else 'no plan fits'}")
         return (fitting[0], prefix, model_costs) if fitting else None
 
-    fits, fails, step, found, failure = -1, len(ladder), 1, None, None
-    while fails - fits > 1:
-        i = min(fits + step, fails - 1) if failure is None else (fits + fails) // 2
+    found: dict[int, tuple] = {}
+
+    def attempt(i: int) -> str | None:
         best = best_plan(*ladder[i])
         if best is None:
-            fails, failure = i, f"{ladder[i][0]}x{ladder[i][1]}: no plan fits"
-            continue
-        fits, step, found = i, step * 2, best
-    if found is None:
+            return f"{ladder[i][0]}x{ladder[i][1]}: no plan fits"
+        found[i] = best
+        return None
+
+    fits, failure = capacity.gallop(len(ladder), attempt)
+    if fits < 0:
         return {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None, "stopped_by": failure}
-    pred, prefix, model_costs = found
+    pred, prefix, model_costs = found[fits]
     layers, width = ladder[fits]
     text = plan_file.text(pred.plan, prefix, model_costs.batch_size, model_costs.intra_op_threads)
     stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
