@@ -305,39 +305,6 @@ def test_the_stage_processes_fixed_cost_grows_with_each_task_beyond_two(monkeypa
     assert two.step_s - two_bare.step_s == pytest.approx(truth["two"])
 
 
-def test_stage_processes_under_remat_always_pay_their_own_calibrated_update_ratio(monkeypatch):
-    """Where plans re-materialize, one more trial (2 stage processes, the largest M up to 8, remat
-    always) gives the stage processes' peak above their items over their weights; stage processes
-    under remat always pay it as their ``update``, every other plan ``update_ratio``."""
-    trained = []
-
-    def residual(target, plan, bare, probed, why):
-        trained.append((plan.num_stages, plan.num_micro_batches, plan.remat))
-        assert bare.update_ratio == bare.remat_update_ratio == 0.0
-        pred = predict.predict(bare, plan, 1e9, 0.0)
-        over = [3.0, 1.5]  # the stages' peaks above their items, in weights
-        peaks = [pred.processes[0].total / memory.MIB] + [
-            (p.total + r * p.items["weights"]) / memory.MIB for p, r in zip(pred.processes[1:], over)
-        ]
-        return 0.0, 0.0, {"step_s": 0.1, "peaks_mib": peaks}, pred
-
-    monkeypatch.setattr(calibrate, "_against", residual)
-    model = dataclasses.replace(_uniform_costs(), update_ratio=6.0)
-    target = calibrate.Target("x", [], "p", 2, lambda _: None)
-    model.remat_update_ratio = calibrate.measure_remat(target, model)
-    assert trained == [(2, 8, "always")]
-    assert model.remat_update_ratio == pytest.approx(3.0)  # the largest of the stages
-    ratios = {}
-    kinds = [("stage_processes", "always"), ("stage_processes", "never"), ("logical", "always")]
-    for placement, remat in kinds:
-        pred = predict.predict(model, candidates.Plan(placement, 2, 4, "fill_drain", remat, (2,)), 1e9, 0.0)
-        stage = pred.processes[-1].items
-        ratios[(placement, remat)] = stage["update"] / stage["weights"]
-    assert ratios[("stage_processes", "always")] == pytest.approx(3.0)
-    assert ratios[("stage_processes", "never")] == pytest.approx(6.0)
-    assert ratios[("logical", "always")] == pytest.approx(6.0)
-
-
 def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches(monkeypatch):
     """``rest_seconds`` is one process's plain step (one micro-batch) less its layers; the run at M = 8
     gives a layer's own cost; the two runs' peaks above their predictions (without the term, nor the

@@ -34,13 +34,7 @@ The same trials' stage processes give the optimizer update's temporaries (the cl
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
 prediction, over their weights' bytes (at least 0): the largest, as the planner's "fits" must hold
-for every process. The plans it trains are two of the planner's own. A stage process that
-re-materializes every micro-batch peaks less above its items than one that keeps its activations
-(measured at 8 x 1280, K = 4, M = 4: some 3.6 times the weights against 6.2 to 7.0; the
-activations' own temporaries, which the items under-count, shrink with them), so where the plans
-re-materialize, ``measure_remat`` trains 2 stage processes at the largest M up to 8 with remat
-always and gives their ratio, ``remat_update_ratio``, which plans of stage processes under remat
-always pay instead.
+for every process. The plans it trains are two of the planner's own.
 
 Logical devices of one process overlap only partly: their ops run side by side on the host's cores,
 but one process dispatches them all. ``measure_devices`` trains 2 stages on logical devices of one
@@ -152,23 +146,15 @@ def _against(
     return units, run["step_s"] - pred.step_s, run, pred
 
 
-def _stage_plan(costs: ModelCosts, stages: int, m: int, remat: str = "never") -> candidates.Plan:
+def _stage_plan(costs: ModelCosts, stages: int, m: int) -> candidates.Plan:
     cut = candidates.split_points(costs, costs.batch_size // m, stages)
-    return candidates.Plan("stage_processes", stages, m, "fill_drain", remat, cut)
+    return candidates.Plan("stage_processes", stages, m, "fill_drain", "never", cut)
 
 
 def _without_stage_terms(costs: ModelCosts) -> tuple[ModelCosts, ModelCosts]:
     """``costs`` without the stage processes' own terms, and the same with the probe's unit cost."""
-    bare = dataclasses.replace(
-        costs, stage_step_s=0.0, stage_task_s=0.0, stage_unit_s=0.0, update_ratio=0.0, remat_update_ratio=0.0
-    )
+    bare = dataclasses.replace(costs, stage_step_s=0.0, stage_task_s=0.0, stage_unit_s=0.0, update_ratio=0.0)
     return bare, dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
-
-
-def _update_ratios(run: dict, pred: predict.Prediction) -> list[float]:
-    """Each stage process's peak above its predicted items, over its weights' bytes."""
-    stages = zip(pred.processes[1:], run["peaks_mib"][1:])
-    return [(peak_mib * MIB - process.total) / process.items["weights"] for process, peak_mib in stages]
 
 
 def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
@@ -181,23 +167,12 @@ def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
     for m in micro_batch_counts(costs.batch_size):
         units, residual, run, pred = _against(target, _stage_plan(costs, 2, m), bare, probed, STAGE_WHY)
         points.append((units, residual))
-        ratios += _update_ratios(run, pred)
+        for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
+            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
     if not points:
         return 0.0, 0.0, 0.0
     step_s, unit_s = _solve(points)  # points: (units on the critical path, residual)
     return step_s, unit_s, max(max(ratios), 0.0)
-
-
-def measure_remat(target: Target, costs: ModelCosts) -> float:
-    """``remat_update_ratio`` (module doc): 2 stage processes at the largest M up to 8, remat always,
-    fill-drain; ``update_ratio`` where the experiment cannot be pipelined in two stages."""
-    counts = micro_batch_counts(costs.batch_size)
-    if costs.num_layers < 2 or not counts:
-        return costs.update_ratio
-    plan = _stage_plan(costs, 2, counts[-1], "always")
-    bare, probed = _without_stage_terms(costs)
-    _, _, run, pred = _against(target, plan, bare, probed, "the stage processes' memory under remat")
-    return max(max(_update_ratios(run, pred)), 0.0)
 
 
 def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> float:
@@ -315,10 +290,6 @@ def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candi
     deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)
     if costs.stage_step_s < 0 and deepest:
         costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(target, costs)
-        save(costs, cache)
-    remat = any(p.placement == "stage_processes" and p.remat == "always" for p in plans)
-    if costs.remat_update_ratio < 0 and remat:
-        costs.remat_update_ratio = measure_remat(target, costs)
         save(costs, cache)
     if costs.stage_task_s < 0 and deepest > 2:
         costs.stage_task_s = measure_tasks(target, costs, deepest)

@@ -142,9 +142,6 @@ class ModelCosts:
     process_memory: dict[str, float] = dataclasses.field(default_factory=dict)
     stage_unit_s: float = 0.0  # and its cost per unit (but a split backward's W: no crossing)
     update_ratio: float = 0.0  # the optimizer update's temporaries over the weights' bytes (calibrate)
-    # the same in stage processes that re-materialize every micro-batch (calibrate.measure_remat);
-    # < 0: unmeasured (update_ratio)
-    remat_update_ratio: float = -1.0
     # per ``predict.mesh_key`` (one stage or a pipeline x mesh size S): what stages on DTensor meshes
     # cost beyond their unsharded layers (calibrate.measure_mesh): step_s, unit_s, fixed_bytes,
     # node_bytes

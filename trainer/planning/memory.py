@@ -6,10 +6,8 @@
     gradients    their gradient sums (one float32 copy of the weights)
     optimizer    the optimizer's slots (Adam: two copies of the weights)
     update       the update's temporaries (the clipped gradients, the optimizer's intermediate
-                 tensors) and what else a stage process peaks above these items:
-                 ``costs.update_ratio`` times the weights, calibrated on the experiment's own stage
-                 processes (``calibrate``); in stage processes under remat always,
-                 ``costs.remat_update_ratio``, calibrated on such a run
+                 tensors): ``costs.update_ratio`` times the weights, calibrated on the experiment's
+                 own stage processes (``calibrate``)
     activations  what the schedule holds at its peak on each of the process's devices: per stage and
                  micro-batch, the bytes the stage's backward reads from its forward (remat never),
                  or the stage's input alone (re-materialized micro-batches); placed in time by the
@@ -82,16 +80,14 @@ class ProcessMemory:
         return max((k for k in self.items if k != "baseline"), key=lambda k: self.items[k])
 
 
-def state_items(costs: ModelCosts, params: float, remat_stage: bool = False) -> dict[str, float]:
+def state_items(costs: ModelCosts, params: float) -> dict[str, float]:
     """Weights, gradient sums, optimizer slots and the update's temporaries of ``params`` float32
-    parameters (``remat_stage``: in a stage process that re-materializes every micro-batch, where
-    ``costs.remat_update_ratio`` is measured)."""
-    ratio = costs.remat_update_ratio if remat_stage and costs.remat_update_ratio >= 0 else costs.update_ratio
+    parameters."""
     return {
         "weights": 4.0 * params,
         "gradients": 4.0 * params,
         "optimizer": 4.0 * params * costs.optimizer_slots,
-        "update": 4.0 * params * ratio,
+        "update": 4.0 * params * costs.update_ratio,
     }
 
 

@@ -210,7 +210,7 @@ def predict(
             work += max(full[s] for s in parts)
         if d == (len(full) - 1) % k:  # the loss's logits in the last stage
             work += b * costs.head_bytes_per_example
-        items = memory.state_items(costs, params, remote and plan.remat == "always")
+        items = memory.state_items(costs, params)
         items["activations"] = float(peak[d])
         items["workspace"] = float(work)
         taken = set().union(*(deferred[s] for s in parts))
