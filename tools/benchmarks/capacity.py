@@ -30,7 +30,11 @@ soon as a process's peak passes the budget. A row of the table is one ``Row``: a
 (``placement`` in the JSON line), the number of processes, and the experiment and gin bindings of
 one size; each process is a worker (``--worker=JSON``) that builds the experiment's ``TrainStep``
 where its placement says, trains ``--train_steps`` steps (3), and prints its peak and the
-parameters. Every row trains the same model on the same global batch of 8 x 128 tokens:
+parameters. Its tensors come from malloc, as in the trainer binary's processes
+(``tf_startup.use_system_allocator``) and the planner's (``trainer.planning.trial``): the peaks are
+the ones a user's run has (TensorFlow's own CPU allocator keeps less: at 8 x 1280, gpipe_k4's stage
+processes peak about 250 MiB lower after 3 steps). Every row trains the same model on the same
+global batch of 8 x 128 tokens:
 
     one_process_plain   lm.synthetic.TransformerLM, one process, no micro-batches, no remat; the
                         loss over the whole batch
@@ -161,6 +165,7 @@ def build_step(spec: dict):
 
 def run_stage(spec: dict) -> int:
     """A stage task of a ``stages`` row: serves until the trial kills it."""
+    harness.prepare_process({"system_allocator": True})
     from trainer.distributed import remote_stages
 
     root = resolve(spec)
@@ -173,7 +178,7 @@ def run_stage(spec: dict) -> int:
 def run_worker(spec: dict) -> int:
     if spec.get("stage"):
         return run_stage(spec)
-    harness.configure({"intra_op_threads": 1, "inter_op_threads": 2})
+    harness.configure({"intra_op_threads": 1, "inter_op_threads": 2, "system_allocator": True})
     step = build_step(spec)
     params = sum(int(v.shape.num_elements()) for v in step.task.trainable_variables)
     finite, _ = step.run(spec["train_steps"])
