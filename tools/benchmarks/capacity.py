@@ -8,10 +8,11 @@ parameters of the one below) until a size fails: a process ends with an error, o
 resident memory (VmHWM, ``ru_maxrss``) of one of the row's processes passes ``--budget_mib``. Why
 this family: at 1024 tokens a step the activations the backward keeps outweigh the weights with
 their gradient and Adam's two slots, as in real LM training, so re-materialization has something to
-save (measured: plain 8 x 512 peaks at 1983 MiB, of which those 16 bytes a parameter are ~385 MiB and
-TensorFlow's own footprint ~0.85 GiB; the ~0.7 GiB left is activations and temporaries). With the
-first family (sequences of 32, batch 8: 256 tokens) they were a few percent, remat had nothing to
-save and K stage processes could at most divide the weights (~4x at K=4): 6 was out of reach.
+save (measured on oneDNN's pool: plain 8 x 512 peaks at 1983 MiB, of which those 16 bytes a
+parameter are ~385 MiB and TensorFlow's own footprint ~0.85 GiB; the ~0.7 GiB left is activations
+and temporaries). With the first family (sequences of 32, batch 8: 256 tokens) they were a few
+percent, remat had nothing to save and K stage processes could at most divide the weights (~4x at
+K=4): 6 was out of reach.
 Why the depth is fixed: a GPipe row's trainer process traces and optimizes the whole unrolled
 pipeline (every stage's forward, recompute and backward for every micro-batch: 27,012 nodes at 8
 layers), and its peak grows with the number of layers (measured: 1705 MiB at 8 x 128 here, above 2.6
@@ -24,17 +25,17 @@ The default budget (2000 MiB) leaves room above the ~0.85 GiB every TensorFlow p
 that trainer; at 1200 MiB no GPipe row fit even its smallest size of the first family (the trainer
 alone peaked at 1244 MiB with 4 x 128).
 
-The climb (``climb``): rungs 1, 2, 4, 8, ... above the largest that fitted until one fails, then
-bisection between the two (the ladder's memory grows with its rungs); a watchdog ends a trial as
-soon as a process's peak passes the budget. A row of the table is one ``Row``: a name
+The climb (``climb``, ``gallop``): rungs 1, 2, 4, 8, ... above the largest that fitted until one
+fails, then bisection between the two (the ladder's memory grows with its rungs); a watchdog ends a
+trial as soon as a process's peak passes the budget. A row of the table is one ``Row``: a name
 (``placement`` in the JSON line), the number of processes, and the experiment and gin bindings of
 one size; each process is a worker (``--worker=JSON``) that builds the experiment's ``TrainStep``
 where its placement says, trains ``--train_steps`` steps (3), and prints its peak and the
 parameters. Its tensors come from malloc, as in the trainer binary's processes
 (``tf_startup.use_system_allocator``) and the planner's (``trainer.planning.trial``): the peaks are
-the ones a user's run has (TensorFlow's own CPU allocator keeps less: at 8 x 1280, gpipe_k4's stage
-processes peak about 250 MiB lower after 3 steps). Every row trains the same model on the same
-global batch of 8 x 128 tokens:
+the ones a user's run has (oneDNN's pool, ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=0``, keeps less at this
+family's sizes: at 8 x 1280, gpipe_k4's stage processes about 250 MiB lower after 3 steps). Every
+row trains the same model on the same global batch of 8 x 128 tokens:
 
     one_process_plain   lm.synthetic.TransformerLM, one process, no micro-batches, no remat; the
                         loss over the whole batch
@@ -58,9 +59,12 @@ row (with ``placement``, ``stopped_by`` and every process's peak), and ``capacit
 (gpipe_k4's parameters over one_process_plain's); then the table a person reads.
 
 The row ``planned_k4`` is not a ``Row``: the planner (``tools.plan``; ``planned_largest`` in
-tools/benchmarks/plan.py) climbs the ladder by its predictions alone, then its plan for the largest
-size it says fits 5 processes (gpipe_k4's) is trained; ``capacity_ratio_planned_k4`` is that size's
-parameters over one_process_plain's (0 parameters when a process of the run passed the budget).
+tools/benchmarks/plan.py) climbs the ladder (``gallop``) by its predictions alone, calibrating each
+size it visits as ``tools.plan`` does (each calibration run trained ``--calibration_trials`` times;
+cached in ``TENSORPIPE_CACHE_DIR``), then its plan for the largest size it says fits 5 processes
+(gpipe_k4's) is trained through the trainer's processes (``trainer.planning.trial``);
+``capacity_ratio_planned_k4`` is that size's parameters over one_process_plain's (0 parameters when
+a process of the run passed the budget).
 """
 
 from __future__ import annotations
