@@ -25,7 +25,7 @@ The default budget (2000 MiB) leaves room above the ~0.85 GiB every TensorFlow p
 that trainer; at 1200 MiB no GPipe row fit even its smallest size of the first family (the trainer
 alone peaked at 1244 MiB with 4 x 128).
 
-The climb (``climb``, ``gallop``): rungs 1, 2, 4, 8, ... above the largest that fitted until one
+The climb (``climb``, ``lm_family.gallop``): rungs 1, 2, 4, 8, ... above the largest that fitted until one
 fails, then bisection between the two (the ladder's memory grows with its rungs); a watchdog ends a
 trial as soon as a process's peak passes the budget. A row of the table is one ``Row``: a name
 (``placement`` in the JSON line), the number of processes, and the experiment and gin bindings of
@@ -59,7 +59,7 @@ row (with ``placement``, ``stopped_by`` and every process's peak), and ``capacit
 (gpipe_k4's parameters over one_process_plain's); then the table a person reads.
 
 The row ``planned_k4`` is not a ``Row``: the planner (``tools.plan``; ``planned_largest`` in
-tools/benchmarks/plan.py) climbs the ladder (``gallop``) by its predictions alone, calibrating each
+tools/benchmarks/plan.py) climbs the ladder (``lm_family.gallop``) by its predictions alone, calibrating each
 size it visits as ``tools.plan`` does (each calibration run trained ``--calibration_trials`` times;
 cached in ``TENSORPIPE_CACHE_DIR``), then its plan for the largest size it says fits 5 processes
 (gpipe_k4's) is trained through the trainer's processes (``trainer.planning.trial``);
@@ -80,7 +80,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from tools.benchmarks import harness
+from tools.benchmarks import harness, lm_family
 from tools.benchmarks.lm_family import BASE, LADDER, QUICK_LADDER
 
 
@@ -279,25 +279,8 @@ def trial(row: Row, layers: int, width: int, train_steps: int, timeout: float, b
     }
 
 
-def gallop(count: int, attempt: Callable[[int], str | None]) -> tuple[int, str | None]:
-    """The largest index below ``count`` for which ``attempt(i)`` succeeds (returns None; else the
-    reason it failed), -1 for none, and the failure that bounds it (None: the last index succeeds).
-    Index i + 1 needs at least the memory of i, so the search gallops up (1, 2, 4, 8, ... above the
-    largest success) until an attempt fails, then bisects between the two: an answer at index n costs
-    about 2 log2(n) attempts instead of n."""
-    fits, fails, step, failure = -1, count, 1, None
-    while fails - fits > 1:
-        i = min(fits + step, fails - 1) if failure is None else (fits + fails) // 2
-        why = attempt(i)
-        if why is None:
-            fits, step = i, step * 2
-        else:
-            fails, failure = i, why
-    return fits, failure
-
-
 def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: float, verbose: bool) -> dict:
-    """The largest size of ``ladder`` that ``row`` trains within the budget (``gallop``)."""
+    """The largest size of ``ladder`` that ``row`` trains within the budget (``lm_family.gallop``)."""
     results: dict[int, dict] = {}
 
     def attempt(i: int) -> str | None:
@@ -314,7 +297,7 @@ def climb(row: Row, ladder: list, budget_mib: float, train_steps: int, timeout: 
             return f"{layers}x{width}: {why} over the budget"
         return None
 
-    fits, failure = gallop(len(ladder), attempt)
+    fits, failure = lm_family.gallop(len(ladder), attempt)
     best = {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None}
     if fits >= 0:
         result = results[fits]

@@ -92,12 +92,11 @@ def planned_largest(
     calibration_trials: int = 3,
 ) -> dict:
     """The capacity benchmark's ``planned_k4`` row: the largest size of ``ladder`` for which the
-    planner has a plan on ``processes`` processes under ``budget_mib`` (``capacity.gallop``: the
+    planner has a plan on ``processes`` processes under ``budget_mib`` (``lm_family.gallop``: the
     family's memory grows with the rungs), each size's calibration runs trained ``calibration_trials``
     times where the cache has none, then that plan trained ``train_steps`` steps with every process's
     peak (VmHWM) read."""
     from tools import plan as tool
-    from tools.benchmarks import capacity
     from trainer.planning import calibrate, candidates, costs, plan_file, predict, trial
 
     def say(message: str) -> None:
@@ -131,7 +130,7 @@ def planned_largest(
         found[i] = best
         return None
 
-    fits, failure = capacity.gallop(len(ladder), attempt)
+    fits, failure = lm_family.gallop(len(ladder), attempt)
     if fits < 0:
         return {"params": 0, "layers": 0, "width": 0, "peak_rss_mib": None, "stopped_by": failure}
     pred, prefix, model_costs = found[fits]
