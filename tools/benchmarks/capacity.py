@@ -169,7 +169,6 @@ def build_step(spec: dict):
 
 def run_stage(spec: dict) -> int:
     """A stage task of a ``stages`` row: serves until the trial kills it."""
-    harness.prepare_process({"system_allocator": True})
     from trainer.distributed import remote_stages
 
     root = resolve(spec)
@@ -180,9 +179,10 @@ def run_stage(spec: dict) -> int:
 
 
 def run_worker(spec: dict) -> int:
+    harness.prepare_process({"system_allocator": True})  # malloc, as the trainer's processes
     if spec.get("stage"):
         return run_stage(spec)
-    harness.configure({"intra_op_threads": 1, "inter_op_threads": 2, "system_allocator": True})
+    harness.configure({"intra_op_threads": 1, "inter_op_threads": 2})
     step = build_step(spec)
     params = sum(int(v.shape.num_elements()) for v in step.task.trainable_variables)
     finite, _ = step.run(spec["train_steps"])
