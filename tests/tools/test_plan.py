@@ -82,6 +82,31 @@ def _uniform_costs(kept_per_example: bool = False) -> costs.ModelCosts:
     return model
 
 
+def _each(residual):  # noqa: ANN001, ANN202
+    """A fake of ``calibrate._against`` from a fake of one plan's point."""
+    return lambda target, plans, bare, probed, why: [residual(target, p, bare, probed, why) for p in plans]
+
+
+def test_a_terms_trials_are_trained_in_turns(monkeypatch):
+    """Each calibration trial is trained ``trials`` times, all of one term's in turns (so the machine's
+    drift falls on each alike): its step the median, each process's peak the highest."""
+    order = []
+
+    def fake_measure(model, bindings, text, stages, *steps):
+        order.append(stages)
+        n = sum(1 for s in order if s == stages)
+        return {"ok": True, "step_s": 0.1 * stages + 0.01 * n, "peaks_mib": [100.0 * n] * (stages + 1)}
+
+    monkeypatch.setattr(calibrate.trial, "measure_plan", fake_measure)
+    model = _uniform_costs()
+    target = calibrate.Target("x", [], "task.stack", 2, lambda _: None, trials=3)
+    plans = [calibrate._stage_plan(model, k, 4) for k in (2, 4)]
+    runs = calibrate._trials(target, model, plans, "why")
+    assert order == [2, 4, 2, 4, 2, 4]
+    assert [r["step_s"] for r in runs] == pytest.approx([0.22, 0.42])
+    assert runs[1]["peaks_mib"] == [300.0] * 5
+
+
 def test_the_chosen_plan_is_written_and_trains_unchanged(planned, tmp_path):
     env, work, result = planned
     assert result.returncode == 0, result.stderr[-2000:]
@@ -283,16 +308,17 @@ def test_the_stage_processes_fixed_cost_grows_with_each_task_beyond_two(monkeypa
         run = {"peaks_mib": [0.0] * (plan.num_stages + 1)}
         return units, r, run, predict.predict(bare, plan, bare.link_bytes_per_s, 0.0)
 
-    monkeypatch.setattr(calibrate, "_against", residual)
+    monkeypatch.setattr(calibrate, "_against", _each(residual))
     model = _uniform_costs()
     model.link_bytes_per_s = 1e9
     target = calibrate.Target("x", [], "p", 2, lambda _: None)
-    model.stage_step_s, model.stage_unit_s, _ = calibrate.measure(target, model)
+    model.stage_step_s, model.stage_unit_s, _, task = calibrate.measure(target, model, 4)
     assert model.stage_step_s == pytest.approx(truth["two"])
     assert model.stage_unit_s == pytest.approx(truth["unit"])
-    model.stage_task_s = calibrate.measure_tasks(target, model, 4)
+    assert task == pytest.approx(truth["task"])
+    model.stage_task_s = calibrate.measure_tasks(target, model, 4)  # alone, on cached two-stage terms
     assert model.stage_task_s == pytest.approx(truth["task"])
-    assert trained == [(2, 2), (2, 8), (4, 4)]
+    assert trained == [(2, 2), (2, 8), (4, 4), (4, 4)]
     assert calibrate.measure_tasks(target, model, 2) == 0.0  # nothing deeper
     plans = [
         candidates.Plan("stage_processes", k, 4, "fill_drain", "never", cut)
@@ -319,11 +345,12 @@ def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches
         assert not bare.process_memory and bare.update_ratio == 0.0
         pred = predict.predict(bare, plan, 1e9, 0.0)
         layers = (predict.predict(probed, plan, 1e9, 0.0).step_s - pred.step_s) / calibrate.PROBE_UNIT_S
-        step = 0.25 if m == 1 else pred.step_s + layers * 0.003  # a plain step of 250 ms; 3 ms a layer
+        rest = 0.25 - 4 * 0.03  # a plain step of 250 ms less F + B of 4 layers; 3 ms a layer at M = 8
+        step = 0.25 if m == 1 else pred.step_s + rest + layers * 0.003
         run = {"step_s": step, "peaks_mib": [(pred.processes[0].total + over[m]) / memory.MIB]}
         return layers, step - pred.step_s, run, pred
 
-    monkeypatch.setattr(calibrate, "_against", residual)
+    monkeypatch.setattr(calibrate, "_against", _each(residual))
     model = dataclasses.replace(_uniform_costs(), rest_seconds=-1.0, update_ratio=2.0)
     target = calibrate.Target("x", [], "p", 2, lambda _: None)
     rest, layer, fitted = calibrate.measure_process(target, model)

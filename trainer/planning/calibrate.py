@@ -2,14 +2,16 @@
 for one experiment by training it for real (each term once, cached with the costs: ``ensure``).
 Every trial runs in processes the trainer's way (``trial``: malloc's allocator, the plan's threads),
 ``TRIALS`` times over: the step the median, each process's peak the highest (malloc's peaks vary
-from one run to the next by a weight's size or two, and a planner's "fits" must hold).
+from one run to the next by a weight's size or two, and a planner's "fits" must hold). The trials
+of one term are trained in turns (``_trials``): the machine's drift over the minutes they take
+falls on each alike, so a line through two of them does not carry it.
 
 One process (``measure_process``). The step outside the pipelined stack (the embedding, the loss,
-the optimizer's update): ``measure_rest`` trains the experiment as one process, one micro-batch, and
-takes its step less its layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
+the optimizer's update): the experiment trained as one process, one micro-batch, its step less its
+layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
 A layer of a unit inside one process's traced step costs more than the layer timed alone (its ops'
-dispatch in the step's executor, the micro-batch's slicing and joins): ``measure_layers`` trains the
-experiment as one process at the largest M up to 8 (one stage, fill-drain, remat never) and divides
+dispatch in the step's executor, the micro-batch's slicing and joins): the experiment trained as one
+process at the largest M up to 8 (one stage, fill-drain, remat never) and divides
 its step less its prediction by the layers of the units on its critical path: ``process_layer_s``.
 The two runs' peaks above their predictions give one process's own memory term,
 ``process_memory``: measured peak = predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes:
@@ -27,9 +29,10 @@ last ``TIMED_STEPS``), predicts each without these terms, and solves measured = 
 stages' own overlap). The cost per unit is mostly a crossing's between processes, so the weight half
 of a split backward, which hands nothing to another process, does not pay it. Part of the fixed cost
 comes with each stage task (the trainer's call into it, its part of the step's graph run by its
-executor, the processes' turns on the host's cores): where the plans have deeper pipelines,
-``measure_tasks`` trains the deepest, K stage processes at M = K, and gives the fixed cost of each
-task beyond two, ``stage_task_s`` (at least 0), the two-task cost staying as measured.
+executor, the processes' turns on the host's cores): where the plans have deeper pipelines, the
+deepest, K stage processes at M = K, trained in turns with the two (or alone by ``measure_tasks``
+where the two-stage terms are cached), gives the fixed cost of each task beyond two,
+``stage_task_s`` (at least 0), the two-task cost staying as measured.
 The same trials' stage processes give the optimizer update's temporaries (the clipped gradients,
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
@@ -110,40 +113,52 @@ def _solve(points: list[tuple[float, float]], floor: float | None = 0.0) -> tupl
     return (fixed if floor is None else max(fixed, floor)), per
 
 
-def _trial(target: Target, costs: ModelCosts, plan: candidates.Plan, why: str) -> dict:
-    """``plan`` trained ``target.trials`` times ``TRAIN_STEPS`` steps (``trial.measure_plan``), its step
-    the median and each process's peak the highest; a failure is a UserError."""
-    target.progress(f"training {plan.name()} {TRAIN_STEPS} steps, {target.trials} time(s) ({why})")
-    text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
-    stages = plan.num_stages if plan.placement == "stage_processes" else 0
+def _trials(target: Target, costs: ModelCosts, plans: list[candidates.Plan], why: str) -> list[dict]:
+    """``plans`` each trained ``target.trials`` times ``TRAIN_STEPS`` steps (``trial.measure_plan``) in
+    turns (all of them, then all again: the machine's drift over the minutes they take falls on each
+    alike, and a slope between two of them keeps none of it); each one's step the median and each
+    process's peak the highest; a failure is a UserError."""
+    names = ", ".join(p.name() for p in plans)
+    target.progress(f"training {names} {TRAIN_STEPS} steps, {target.trials} time(s) in turns ({why})")
     steps = (TRAIN_STEPS, TIMEOUT_S, TIMED_STEPS)
-    runs = []
+    runs: list[list[dict]] = [[] for _ in plans]
     for _ in range(max(target.trials, 1)):
-        run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
-        if not run["ok"]:
-            raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
-        runs.append(run)
-    step = statistics.median(r["step_s"] for r in runs)
-    peaks_mib = [max(p) for p in zip(*(r["peaks_mib"] for r in runs))]
-    shown = ", ".join(f"{r['step_s'] * 1e3:.1f}" for r in runs)
-    target.progress(
-        f"{plan.name()}: a step {step * 1e3:.1f} ms (of {shown}), peaks "
-        f"{', '.join(f'{p:.0f}' for p in peaks_mib)} MiB"
-    )
-    return {"ok": True, "step_s": step, "peaks_mib": peaks_mib}
+        for plan, done in zip(plans, runs):
+            text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
+            stages = plan.num_stages if plan.placement == "stage_processes" else 0
+            run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
+            if not run["ok"]:
+                raise UserError(f"the calibration run {plan.name()} failed: {run['why']}")
+            done.append(run)
+    out = []
+    for plan, done in zip(plans, runs):
+        step = statistics.median(r["step_s"] for r in done)
+        peaks_mib = [max(p) for p in zip(*(r["peaks_mib"] for r in done))]
+        shown = ", ".join(f"{r['step_s'] * 1e3:.1f}" for r in done)
+        target.progress(
+            f"{plan.name()}: a step {step * 1e3:.1f} ms (of {shown}), peaks "
+            f"{', '.join(f'{p:.0f}' for p in peaks_mib)} MiB"
+        )
+        out.append({"ok": True, "step_s": step, "peaks_mib": peaks_mib})
+    return out
+
+
+Point = tuple[float, float, dict, predict.Prediction]
 
 
 def _against(
-    target: Target, plan: candidates.Plan, bare: ModelCosts, probed: ModelCosts, why: str
-) -> tuple[float, float, dict, predict.Prediction]:
-    """``plan`` trained and predicted from ``bare`` (without the terms being measured): the units on
-    its critical path (its step's growth to ``probed``, every unit ``PROBE_UNIT_S`` longer), its
-    measured step less the prediction, the run, and the prediction."""
-    run = _trial(target, bare, plan, why)
+    target: Target, plans: list[candidates.Plan], bare: ModelCosts, probed: ModelCosts, why: str
+) -> list[Point]:
+    """``plans`` trained in turns (``_trials``) and each predicted from ``bare`` (without the terms
+    being measured): the units on its critical path (its step's growth to ``probed``, every unit
+    ``PROBE_UNIT_S`` longer), its measured step less the prediction, the run, and the prediction."""
     link = (bare.link_bytes_per_s, bare.link_latency_s, target.host_cores)
-    pred = predict.predict(bare, plan, *link)
-    units = (predict.predict(probed, plan, *link).step_s - pred.step_s) / PROBE_UNIT_S
-    return units, run["step_s"] - pred.step_s, run, pred
+    points = []
+    for plan, run in zip(plans, _trials(target, bare, plans, why)):
+        pred = predict.predict(bare, plan, *link)
+        units = (predict.predict(probed, plan, *link).step_s - pred.step_s) / PROBE_UNIT_S
+        points.append((units, run["step_s"] - pred.step_s, run, pred))
+    return points
 
 
 def _stage_plan(costs: ModelCosts, stages: int, m: int) -> candidates.Plan:
@@ -157,36 +172,53 @@ def _without_stage_terms(costs: ModelCosts) -> tuple[ModelCosts, ModelCosts]:
     return bare, dataclasses.replace(bare, stage_unit_s=PROBE_UNIT_S)
 
 
-def measure(target: Target, costs: ModelCosts) -> tuple[float, float, float]:
-    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``) of ``target`` (module doc; the fixed
-    cost of two stage tasks' step); zeros where it cannot be pipelined in two stages."""
-    if costs.num_layers < 2:
-        return 0.0, 0.0, 0.0
-    bare, probed = _without_stage_terms(costs)
-    points, ratios = [], []
-    for m in micro_batch_counts(costs.batch_size):
-        units, residual, run, pred = _against(target, _stage_plan(costs, 2, m), bare, probed, STAGE_WHY)
-        points.append((units, residual))
-        for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:]):  # the stages
-            ratios.append((peak_mib * MIB - process.total) / process.items["weights"])
-    if not points:
-        return 0.0, 0.0, 0.0
-    step_s, unit_s = _solve(points)  # points: (units on the critical path, residual)
-    return step_s, unit_s, max(max(ratios), 0.0)
+def _deepest_plan(costs: ModelCosts, stages: int) -> candidates.Plan | None:
+    """The trial of ``stage_task_s``: ``stages`` stage processes at the least M of at least ``stages``
+    (fill-drain, remat never); None where nothing deeper than two stages can be trained."""
+    m = min((x for x in candidates.divisors(costs.batch_size) if x >= stages), default=0)
+    if stages <= 2 or not m or costs.num_layers < stages:
+        return None
+    return _stage_plan(costs, stages, m)
+
+
+def _task_cost(point: Point, stages: int, step_s: float, unit_s: float) -> float:
+    """``stage_task_s`` from the deepest trial's ``point``: residual = ``step_s`` + (``stages`` - 2) x
+    task + units x ``unit_s`` (at least 0)."""
+    units, residual = point[0], point[1]
+    return max((residual - units * unit_s - step_s) / (stages - 2), 0.0)
+
+
+def measure(target: Target, costs: ModelCosts, deepest: int = 2) -> tuple[float, float, float, float]:
+    """(``stage_step_s``, ``stage_unit_s``, ``update_ratio``, ``stage_task_s``) of ``target`` (module
+    doc; the fixed cost of two stage tasks' step, and of each task beyond two from ``deepest`` stage
+    processes, trained in turns with the two-stage trials; 0 where nothing deeper can be trained);
+    zeros where it cannot be pipelined in two stages."""
+    counts = micro_batch_counts(costs.batch_size)
+    if costs.num_layers < 2 or not counts:
+        return 0.0, 0.0, 0.0, 0.0
+    deeper = _deepest_plan(costs, deepest)
+    plans = [_stage_plan(costs, 2, m) for m in counts] + ([deeper] if deeper else [])
+    points = _against(target, plans, *_without_stage_terms(costs), STAGE_WHY)
+    two = points[: len(counts)]
+    ratios = [
+        (peak_mib * MIB - process.total) / process.items["weights"]
+        for _, _, run, pred in two
+        for process, peak_mib in zip(pred.processes[1:], run["peaks_mib"][1:])  # the stages
+    ]
+    step_s, unit_s = _solve([(units, residual) for units, residual, _, _ in two])
+    task_s = _task_cost(points[-1], deepest, step_s, unit_s) if deeper else 0.0
+    return step_s, unit_s, max(max(ratios), 0.0), task_s
 
 
 def measure_tasks(target: Target, costs: ModelCosts, stages: int) -> float:
-    """``stage_task_s``: the fixed cost of each stage task beyond two, from ``stages`` stage processes
-    trained at the least M of at least ``stages`` (fill-drain, remat never): residual =
-    ``stage_step_s`` + (``stages`` - 2) x task + units x ``stage_unit_s``; 0 where nothing deeper
-    than two stages can be trained."""
-    m = min((x for x in candidates.divisors(costs.batch_size) if x >= stages), default=0)
-    if stages <= 2 or not m or costs.num_layers < stages:
+    """``stage_task_s`` alone (``measure`` gives it where the stage terms are measured with it): the
+    fixed cost of each stage task beyond two, from ``stages`` stage processes (``_deepest_plan``) and
+    the calibrated two-stage terms; 0 where nothing deeper than two stages can be trained."""
+    deeper = _deepest_plan(costs, stages)
+    if deeper is None:
         return 0.0
-    units, residual, _, _ = _against(
-        target, _stage_plan(costs, stages, m), *_without_stage_terms(costs), STAGE_WHY
-    )
-    return max((residual - units * costs.stage_unit_s - costs.stage_step_s) / (stages - 2), 0.0)
+    (point,) = _against(target, [deeper], *_without_stage_terms(costs), STAGE_WHY)
+    return _task_cost(point, stages, costs.stage_step_s, costs.stage_unit_s)
 
 
 def _memory_point(run: dict, pred: predict.Prediction) -> tuple[float, float]:
@@ -202,37 +234,24 @@ def _one_process(costs: ModelCosts, **terms: float) -> ModelCosts:
     return dataclasses.replace(costs, process_memory={}, update_ratio=0.0, **terms)
 
 
-def measure_rest(target: Target, costs: ModelCosts) -> tuple[float, tuple[float, float]]:
-    """``rest_seconds``: the step outside the pipelined stack (the embedding, the loss, the optimizer's
-    update; module doc), the plain step of one process (one micro-batch, remat never) less its
-    layers' timings (at least 0); and the run's memory point (``_memory_point``)."""
-    plan = candidates.Plan("one_process", 1, 1, "fill_drain", "never", ())
-    bare = _one_process(costs, rest_seconds=0.0)
-    _, residual, run, pred = _against(target, plan, bare, bare, "the step outside the stack")
-    return max(residual, 0.0), _memory_point(run, pred)
-
-
-def measure_layers(target: Target, costs: ModelCosts) -> tuple[float, tuple[float, float] | None]:
-    """``process_layer_s`` (module doc): one process at the largest M up to 8 (one stage, fill-drain,
-    remat never), its step less its prediction without the term, over the layers of the units on
-    its critical path (at least 0), and the run's memory point; (0, None) where the batch allows one
-    micro-batch only."""
-    counts = micro_batch_counts(costs.batch_size)
-    if not counts:
-        return 0.0, None
-    plan = candidates.Plan("one_process", 1, counts[-1], "fill_drain", "never", ())
-    bare, probed = (_one_process(costs, process_layer_s=x) for x in (0.0, PROBE_UNIT_S))
-    layers, residual, run, pred = _against(target, plan, bare, probed, "a layer's own cost in one process")
-    return (max(residual / layers, 0.0) if layers > 0 else 0.0), _memory_point(run, pred)
-
-
 def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, dict[str, float]]:
-    """(``rest_seconds``, ``process_layer_s``, ``process_memory``): one process's terms (module doc),
-    from its two runs, one micro-batch and the largest M up to 8; the memory line through their
-    points (a fixed part only where the batch allows one micro-batch)."""
-    rest, first = measure_rest(target, costs)
-    layer, second = measure_layers(target, dataclasses.replace(costs, rest_seconds=rest))
-    fixed, per = _solve([first, second or first], floor=None)
+    """(``rest_seconds``, ``process_layer_s``, ``process_memory``): one process's terms (module doc).
+    ``rest_seconds``: the plain step (one micro-batch, remat never) less its layers' timings;
+    ``process_layer_s``: the step at the largest M up to 8 (one stage, fill-drain, remat never) less
+    its prediction with that rest, over the layers of the units on its critical path (0 where the
+    batch allows one micro-batch only); both at least 0, the two trained in turns. The memory line
+    runs through the two runs' points (``_memory_point``; a fixed part only with one run)."""
+    counts = micro_batch_counts(costs.batch_size)
+    plans = [candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in [1, *counts[-1:]]]
+    bare, probed = (_one_process(costs, rest_seconds=0.0, process_layer_s=x) for x in (0.0, PROBE_UNIT_S))
+    points = _against(target, plans, bare, probed, "one process's own costs")
+    rest = max(points[0][1], 0.0)
+    layer = 0.0
+    if len(points) > 1:
+        layers, residual = points[1][0], points[1][1] - rest  # the rest enters a step whole
+        layer = max(residual / layers, 0.0) if layers > 0 else 0.0
+    memory_points = [_memory_point(run, pred) for _, _, run, pred in points]
+    fixed, per = _solve([memory_points[0], memory_points[-1]], floor=None)
     return rest, layer, {"fixed_bytes": fixed, "node_bytes": per}
 
 
@@ -247,7 +266,7 @@ def measure_devices(target: Target, costs: ModelCosts) -> float:
     plan = candidates.Plan(
         "logical", 2, m, "fill_drain", "never", candidates.split_points(costs, costs.batch_size // m, 2)
     )
-    run = _trial(target, costs, plan, "how far logical devices overlap")
+    (run,) = _trials(target, costs, [plan], "how far logical devices overlap")
     link = (costs.link_bytes_per_s, costs.link_latency_s, target.host_cores)
     apart, turns = (
         predict.predict(dataclasses.replace(costs, devices_serial=x), plan, *link).step_s for x in (0.0, 1.0)
@@ -264,14 +283,14 @@ def measure_mesh(target: Target, costs: ModelCosts, key: str) -> dict[str, float
     probed = dataclasses.replace(costs, mesh={key: probe})
     counts = micro_batch_counts(costs.batch_size)
     counts = counts if stages > 1 else [1, *counts[-1:]]
-    steps, memory = [], []
+    plans = []
     for m in sorted(set(counts)):
         cut = candidates.split_points(costs, costs.batch_size // m, stages) if stages > 1 else ()
         remat = "always" if m == max(counts) and len(set(counts)) > 1 else "never"
-        plan = candidates.Plan("pipeline_mesh", stages, m, "fill_drain", remat, cut, stage_mesh=size)
-        units, residual, run, pred = _against(target, plan, bare, probed, "stage meshes' own costs")
-        steps.append((units, residual))
-        memory.append(_memory_point(run, pred))
+        plans.append(candidates.Plan("pipeline_mesh", stages, m, "fill_drain", remat, cut, stage_mesh=size))
+    points = _against(target, plans, bare, probed, "stage meshes' own costs")
+    steps = [(units, residual) for units, residual, _, _ in points]
+    memory = [_memory_point(run, pred) for _, _, run, pred in points]
     step_s, unit_s = _solve(steps)
     fixed_bytes, node_bytes = _solve(memory)
     return {"step_s": step_s, "unit_s": unit_s, "fixed_bytes": fixed_bytes, "node_bytes": node_bytes}
@@ -289,7 +308,9 @@ def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candi
         save(costs, cache)
     deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)
     if costs.stage_step_s < 0 and deepest:
-        costs.stage_step_s, costs.stage_unit_s, costs.update_ratio = measure(target, costs)
+        costs.stage_step_s, costs.stage_unit_s, costs.update_ratio, task_s = measure(target, costs, deepest)
+        if deepest > 2:
+            costs.stage_task_s = task_s
         save(costs, cache)
     if costs.stage_task_s < 0 and deepest > 2:
         costs.stage_task_s = measure_tasks(target, costs, deepest)

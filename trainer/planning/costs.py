@@ -21,7 +21,7 @@ half the rest. The process's CPU seconds a second while the last runs are the la
 ops side by side; measured here, 1.4 to 1.6), so a host's cores serve fewer such processes at once
 than it has cores. The bytes kept are the forward's output tensors that the traced gradient reads
 (the activations a backward needs), read off the graph. The step outside the stack (embedding,
-loss, optimizer: ``rest_seconds``) is calibrated in a trainer process (``calibrate.measure_rest``).
+loss, optimizer: ``rest_seconds``) is calibrated in a trainer process (``calibrate.measure_process``).
 TensorFlow's footprint is the peak resident memory of a fresh process that imports the trainer and
 runs a tiny graph function with its gradient. The link is a loopback TCP transfer; a hand-off
 between two TensorFlow processes (its fixed time and bytes per second through TensorFlow's runtime)
@@ -123,7 +123,7 @@ class ModelCosts:
     intra_op_threads: int = (
         0  # the threads one op used when measured (0: TensorFlow's default); plans use it too
     )
-    rest_seconds: float = -1.0  # the step outside the stack (calibrate.measure_rest); < 0: unmeasured
+    rest_seconds: float = -1.0  # the step outside the stack (calibrate.measure_process); < 0: unmeasured
     baseline_mib: float = 0.0
     link_bytes_per_s: float = 0.0
     link_latency_s: float = 0.0
@@ -135,7 +135,7 @@ class ModelCosts:
     # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
     devices_serial: float = -1.0
     # a layer's own cost in a unit inside one process's traced step beyond its timing
-    # (calibrate.measure_layers); < 0: unmeasured (0)
+    # (calibrate.measure_process); < 0: unmeasured (0)
     process_layer_s: float = -1.0
     # one process's peak beyond memory's items, fixed_bytes + node_bytes x graph nodes
     # (calibrate.measure_process); empty: unmeasured
