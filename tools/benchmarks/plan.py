@@ -11,7 +11,8 @@ the naive plan (GPipe K = N - 1 stage processes, uniform cuts, M = K, fill-drain
 family's stage-mesh form (``MESH_MODEL``: untied softmax, separate q/k/v) at ``--mesh_sizes``
 (8 x 128) adds mesh and pipeline x mesh plans (``pick_mesh``: one stage on a mesh of 2 and of 4,
 pipeline 2 x mesh 2, M = K to 4K, three schedules, remat never and always) and two on plain
-devices. Each is trained ``--train_steps`` steps (5) in worker processes placed as the plan says
+devices, planned for one process (its placements; stage processes are checked on the family
+itself). Each is trained ``--train_steps`` steps (5) in worker processes placed as the plan says
 (``trainer.planning.trial``: stage processes and their trainer as ``tools.local_cluster --stages=K``
 would start them), its step the median of the last 3, every process's peak its VmHWM. Replicas
 are left out of the enumeration here (measuring them needs the sync cluster ``tools.local_cluster
@@ -308,13 +309,14 @@ def run(args: argparse.Namespace) -> int:
         )
         model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
         cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
-        enumerated = candidates.enumerate_plans(model_costs, processes, stage_mesh=meshed, max_replicas=1)
+        ways = (1 if meshed else processes, 0, meshed, 1)  # the stage-mesh form in one process (module doc)
+        enumerated = candidates.enumerate_plans(model_costs, *ways)
         trials = 1 if args.quick else args.calibration_trials
         target = calibrate.Target(model, gin, prefix, cores, progress, trials)
         calibrate.ensure(target, model_costs, cache, enumerated)
         start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
-        plans = list(candidates.enumerate_plans(model_costs, processes, stage_mesh=meshed, max_replicas=1))
+        plans = list(candidates.enumerate_plans(model_costs, *ways))
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")

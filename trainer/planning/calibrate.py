@@ -9,10 +9,11 @@ falls on each alike, so a line through two of them does not carry it.
 One process (``measure_process``). The step outside the pipelined stack (the embedding, the loss,
 the optimizer's update): the experiment trained as one process, one micro-batch, its step less its
 layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
-A layer of a unit inside one process's traced step costs more than the layer timed alone (its ops'
-dispatch in the step's executor, the micro-batch's slicing and joins): the experiment trained as one
-process at the largest M up to 8 (one stage, fill-drain, remat never) and divides
-its step less its prediction by the layers of the units on its critical path: ``process_layer_s``.
+A layer of a unit inside one process's traced step costs other than the layer timed alone (more:
+its ops' dispatch in the step's executor, the micro-batch's slicing and joins; less: the timing's
+own call): the experiment trained as one process at the largest M up to 8 (one stage, fill-drain,
+remat never), its step less its prediction over the layers of the units on its critical path:
+``process_layer_s``, negative where the layer costs less inside the step.
 The two runs' peaks above their predictions give one process's own memory term,
 ``process_memory``: measured peak = predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes:
 the traced step's op count, which M multiplies; either part may be negative where the fixed items
@@ -26,10 +27,12 @@ largest up to 8 the batch allows (``trial.measure_plan``: ``TRAIN_STEPS`` steps,
 last ``TIMED_STEPS``), predicts each without these terms, and solves measured = predicted +
 ``stage_step_s`` + n x ``stage_unit_s`` for a fixed cost a step and a cost per unit (each at least
 0), n the units on the plan's critical path (a unit's cost lengthens every unit of the timeline: the
-stages' own overlap). The cost per unit is mostly a crossing's between processes, so the weight half
-of a split backward, which hands nothing to another process, does not pay it. Part of the fixed cost
-comes with each stage task (the trainer's call into it, its part of the step's graph run by its
-executor, the processes' turns on the host's cores): where the plans have deeper pipelines, the
+stages' own overlap), or their share of the host's cores where those bound the step (n: the
+prediction's growth with the cost). The cost per unit is mostly a crossing's between processes, so
+the weight half of a split backward, which hands nothing to another process, does not pay it, nor a
+recompute, which reads the stage's own input. Part of the fixed cost comes with each stage task
+(the trainer's call into it, its part of the step's graph run by its executor, the processes' turns
+on the host's cores): where the plans have deeper pipelines, the
 deepest, K stage processes at M = K, trained in turns with the two (or alone by ``measure_tasks``
 where the two-stage terms are cached), gives the fixed cost of each task beyond two,
 ``stage_task_s`` (at least 0), the two-task cost staying as measured.
@@ -239,7 +242,9 @@ def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, di
     ``rest_seconds``: the plain step (one micro-batch, remat never) less its layers' timings;
     ``process_layer_s``: the step at the largest M up to 8 (one stage, fill-drain, remat never) less
     its prediction with that rest, over the layers of the units on its critical path (0 where the
-    batch allows one micro-batch only); both at least 0, the two trained in turns. The memory line
+    batch allows one micro-batch only; at least minus half the shortest layer's forward timing: a
+    layer inside the step may cost less than timed alone, which pays its own call); the rest at
+    least 0; the two trained in turns. The memory line
     runs through the two runs' points (``_memory_point``; a fixed part only with one run)."""
     counts = micro_batch_counts(costs.batch_size)
     plans = [candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in [1, *counts[-1:]]]
@@ -249,7 +254,8 @@ def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, di
     layer = 0.0
     if len(points) > 1:
         layers, residual = points[1][0], points[1][1] - rest  # the rest enters a step whole
-        layer = max(residual / layers, 0.0) if layers > 0 else 0.0
+        shortest = min(min(figures["forward"]) for figures in costs.per_size.values())
+        layer = max(residual / layers, -0.5 * shortest) if layers > 0 else 0.0
     memory_points = [_memory_point(run, pred) for _, _, run, pred in points]
     fixed, per = _solve([memory_points[0], memory_points[-1]], floor=None)
     return rest, layer, {"fixed_bytes": fixed, "node_bytes": per}
@@ -303,7 +309,7 @@ def ensure(target: Target, costs: ModelCosts, cache: Path, plans: Iterable[candi
     logical devices of a process, each ``predict.mesh_key``'s for a mesh plan), saving each to the
     ``cache`` file."""
     plans = list(plans)
-    if costs.rest_seconds < 0 or costs.process_layer_s < 0 or not costs.process_memory:
+    if costs.rest_seconds < 0 or not costs.process_memory:
         costs.rest_seconds, costs.process_layer_s, costs.process_memory = measure_process(target, costs)
         save(costs, cache)
     deepest = max((p.num_stages for p in plans if p.placement == "stage_processes"), default=0)

@@ -134,9 +134,9 @@ class ModelCosts:
     # how far one process's logical devices take turns (calibrate.measure_devices): 0, they overlap as
     # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
     devices_serial: float = -1.0
-    # a layer's own cost in a unit inside one process's traced step beyond its timing
-    # (calibrate.measure_process); < 0: unmeasured (0)
-    process_layer_s: float = -1.0
+    # a layer's own cost in a unit inside one process's traced step beyond its timing (negative:
+    # below it), measured with process_memory (calibrate.measure_process)
+    process_layer_s: float = 0.0
     # one process's peak beyond memory's items, fixed_bytes + node_bytes x graph nodes
     # (calibrate.measure_process); empty: unmeasured
     process_memory: dict[str, float] = dataclasses.field(default_factory=dict)

@@ -9,19 +9,21 @@ full batch, divided among replicas); plus, for stage processes, the trainer's ha
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
 over the link). Each layer of a unit inside one process's traced step, W included, costs a
 calibrated ``process_layer_s`` beyond its isolated timing (its ops' dispatch in the step's executor,
-the micro-batch's slicing and joins): a cost per layer, not per unit, so an interleaved schedule's
-units of fewer layers each pay less.
+the micro-batch's slicing and joins; negative where the timing's own call cost more): a cost per
+layer, not per unit, so an interleaved schedule's units of fewer layers each pay less.
 Logical devices of one process overlap only partly (their ops' dispatch is the process's): an
 in-process pipeline's step lies between the schedule's timeline and the sum of all its units,
 ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at once beyond
 the host's cores (``host_cores``) take turns: the step is at least all their units' CPU time over
 the cores, a unit's CPU time its layers' time by the CPU seconds a second they took when timed
 (``cpu_per_wall``: with one thread per op, TensorFlow still runs independent ops side by side),
-plus its layers' own cost in one process; a dispatch to a stage process or a mesh waits on the runtime and
-is left out. Stage processes and stages on a DTensor mesh add their calibrated costs
-(``calibrate``): a fixed cost a step (stage processes': two tasks', and one for each further task)
-and a cost per unit (a stage process's: every unit but a split backward's W, which hands nothing to
-another process; a mesh's: the same units, one stage's or a pipeline's of two, ``mesh_key``).
+plus its layers' own cost in one process, plus its dispatch to a stage process or a mesh (the
+executors' work on both sides of a crossing holds a core: at 8 x 128 on 2 cores, K=2 stage
+processes at M=8 are bound by the cores, and their steps grow with their units). Stage processes
+and stages on a DTensor mesh add their calibrated costs (``calibrate``): a fixed cost a step
+(stage processes': two tasks', and one for each further task) and a cost per unit (a stage
+process's: every unit but a split backward's W, which hands nothing to another process; a mesh's:
+the same units, one stage's or a pipeline's of two, ``mesh_key``).
 Memory: ``memory``'s items per process; a stage mesh's shards all live in the one process (every
 weight whole across its S devices), plus its calibrated ``mesh`` item; any other plan in one process
 has its calibrated ``calibrated`` item instead of ``update``. A split backward's graph
@@ -105,27 +107,36 @@ def stage_costs(
     transfer: float,
     unit_s: float = 0.0,
     layer_s: float = 0.0,
+    recompute_s: float | None = None,
 ) -> Any:
     """Each part's summed layer costs (``simulator.StageCosts``, K * v parts), every unit but a split
     backward's weight half W ``unit_s`` longer (a unit's dispatch to, or crossing from, another
-    process: W hands nothing on) and every unit W included ``layer_s`` longer per layer of its part
-    (a layer's own cost in one process's traced step: its ops' dispatch, its slicing and joins;
-    measured, ZB-H1 and ZB-H2 in one process step no faster than fill-drain)."""
+    process: W hands nothing on), a recompute ``recompute_s`` longer (None: ``unit_s``; a stage
+    process's recompute reads its own input and hands nothing on), and every unit W included
+    ``layer_s`` longer per layer of its part (a layer's own cost in one process's traced step: its
+    ops' dispatch, its slicing and joins; measured, ZB-H1 and ZB-H2 in one process step no faster
+    than fill-drain)."""
     figures = costs.per_size[micro_batch]
     bounds = _bounds(plan, costs.num_layers)
 
     def sums(name: str) -> list[float]:
         return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    own = [layer_s * n for n in _part_layers(bounds)]
+    own = _part_layers(bounds)
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
+    weight = [max(b - i, 0.0) for b, i in zip(backward, b_in)]
+    again = unit_s if recompute_s is None else recompute_s
+
+    def units(seconds: list[float], extra: float) -> list[float]:  # a negative layer_s: at least 0
+        return [max(s + extra + layer_s * n, 0.0) for s, n in zip(seconds, own)]
+
     return simulator.StageCosts.given(
-        [f + unit_s + o for f, o in zip(forward, own)],
-        [b + unit_s + o for b, o in zip(backward, own)],
-        [f + unit_s + o for f, o in zip(forward, own)],
+        units(forward, unit_s),
+        units(backward, unit_s),
+        units(forward, again),
         transfer,
-        backward_input=[i + unit_s + o for i, o in zip(b_in, own)],
-        backward_weight=[max(b - i, 0.0) + o for b, i, o in zip(backward, b_in, own)],
+        backward_input=units(b_in, unit_s),
+        backward_weight=units(weight, 0.0),
     )
 
 
@@ -158,10 +169,10 @@ def predict(
     remote = plan.placement == "stage_processes"
     transfer = handoff_seconds(costs, handoff, link_bytes_per_s, link_latency_s) if remote else 0.0
     meshed = costs.mesh.get(mesh_key(plan), {}) if plan.placement == "pipeline_mesh" else {}
-    dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # waits on the runtime
+    dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # a crossing's executors
     pipelines = k * m > 1 or plan.remat != "never"  # else the plain step, which rest_seconds measured
-    own = max(costs.process_layer_s, 0.0) if not remote and pipelines else 0.0  # holds a core
-    sc = stage_costs(costs, plan, b, transfer, dispatch, own)
+    own = costs.process_layer_s if not remote and pipelines else 0.0  # holds a core
+    sc = stage_costs(costs, plan, b, transfer, dispatch, own, 0.0 if remote else None)
     sched = schedule.build(plan.schedule, k, m, plan.remat, v)
     sim = simulator.simulate(sched, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
@@ -170,13 +181,13 @@ def predict(
         serial = costs.devices_serial if costs.devices_serial >= 0 else 1.0
         pipelined += serial * max(busy - pipelined, 0.0)
     if host_cores:  # every process's units' CPU time (R replicas: R times one's) on the host's cores
-        waits = dispatch * sum(1 for e in sim.events if e.kind != schedule.BACKWARD_WEIGHT)
+        unpaid = (schedule.BACKWARD_WEIGHT, schedule.RECOMPUTE) if remote else (schedule.BACKWARD_WEIGHT,)
+        waits = dispatch * sum(1 for e in sim.events if e.kind not in unpaid)
         layers = _part_layers(bounds)
         owns = own * sum(layers[e.stage] for e in sim.events)
         cpu = statistics.fmean(costs.per_size[b].get("cpu_per_wall", [1.0]))
-        # the layers' CPU time, and each layer's own cost in one process; a dispatch to a stage
-        # process or a mesh waits on the runtime, not a core
-        compute = (busy - waits - owns) * cpu + owns
+        # the layers' CPU time, each layer's own cost in one process, and each unit's dispatch
+        compute = (busy - waits - owns) * cpu + owns + waits
         pipelined = max(pipelined, compute * plan.replicas / host_cores)
     step = pipelined + max(costs.rest_seconds, 0.0) / plan.replicas + meshed.get("step_s", 0.0)
     if remote:  # the trainer's hand-offs to the first stage and back, the runtime's fixed costs
