@@ -32,10 +32,10 @@ prediction's growth with the cost). The cost per unit is mostly a crossing's bet
 the weight half of a split backward, which hands nothing to another process, does not pay it, nor a
 recompute, which reads the stage's own input. Part of the fixed cost comes with each stage task
 (the trainer's call into it, its part of the step's graph run by its executor, the processes' turns
-on the host's cores): where the plans have deeper pipelines, the
-deepest, K stage processes at M = K, trained in turns with the two (or alone by ``measure_tasks``
-where the two-stage terms are cached), gives the fixed cost of each task beyond two,
-``stage_task_s`` (at least 0), the two-task cost staying as measured.
+on the host's cores): where the plans have deeper pipelines, the deepest, K stage processes at
+M = K, trained in turns with the two (or alone by ``measure_tasks`` where the two-stage terms are
+cached), gives the fixed cost of each task beyond two, ``stage_task_s`` (at least 0), the two-task
+cost staying as measured.
 The same trials' stage processes give the optimizer update's temporaries (the clipped gradients,
 Adam's intermediate tensors, each the size of a weight), which the per-layer measurements do not
 see: ``update_ratio``, the largest over the stage processes of their peak (VmHWM) above its
