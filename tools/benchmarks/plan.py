@@ -309,14 +309,15 @@ def run(args: argparse.Namespace) -> int:
         )
         model_costs, cache, _ = costs.load_or_measure(root, name, sample, progress)
         cores = len(os.sched_getaffinity(0))  # every process of the plans runs on this host
-        ways = (1 if meshed else processes, 0, meshed, 1)  # the stage-mesh form in one process (module doc)
-        enumerated = candidates.enumerate_plans(model_costs, *ways)
+        # the stage-mesh form planned for one process (module doc); no replicas here
+        ways = {"processes": 1 if meshed else processes, "stage_mesh": meshed, "max_replicas": 1}
+        enumerated = candidates.enumerate_plans(model_costs, **ways)
         trials = 1 if args.quick else args.calibration_trials
         target = calibrate.Target(model, gin, prefix, cores, progress, trials)
         calibrate.ensure(target, model_costs, cache, enumerated)
         start = time.monotonic()  # the planner's own time: enumerate and predict, costs cached
         link, latency = model_costs.link_bytes_per_s, model_costs.link_latency_s
-        plans = list(candidates.enumerate_plans(model_costs, *ways))
+        plans = list(candidates.enumerate_plans(model_costs, **ways))
         preds = [predict.predict(model_costs, p, link, latency, cores) for p in plans]
         fitting = sorted(
             (p for p in preds if p.fits(args.budget_mib)), key=lambda p: tool.rank_key(p, "step_time")

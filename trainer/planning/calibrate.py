@@ -124,10 +124,11 @@ def _trials(target: Target, costs: ModelCosts, plans: list[candidates.Plan], why
     names = ", ".join(p.name() for p in plans)
     target.progress(f"training {names} {TRAIN_STEPS} steps, {target.trials} time(s) in turns ({why})")
     steps = (TRAIN_STEPS, TIMEOUT_S, TIMED_STEPS)
+    batch, threads = costs.batch_size, costs.intra_op_threads
+    texts = [plan_file.text(p, target.pipeline_prefix, batch, threads) for p in plans]
     runs: list[list[dict]] = [[] for _ in plans]
     for _ in range(max(target.trials, 1)):
-        for plan, done in zip(plans, runs):
-            text = plan_file.text(plan, target.pipeline_prefix, costs.batch_size, costs.intra_op_threads)
+        for plan, text, done in zip(plans, texts, runs):
             stages = plan.num_stages if plan.placement == "stage_processes" else 0
             run = trial.measure_plan(target.model, target.bindings, text, stages, *steps)
             if not run["ok"]:
@@ -244,8 +245,8 @@ def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, di
     its prediction with that rest, over the layers of the units on its critical path (0 where the
     batch allows one micro-batch only; at least minus half the shortest layer's forward timing: a
     layer inside the step may cost less than timed alone, which pays its own call); the rest at
-    least 0; the two trained in turns. The memory line
-    runs through the two runs' points (``_memory_point``; a fixed part only with one run)."""
+    least 0; the two trained in turns. The memory line runs through the two runs' points
+    (``_memory_point``; a fixed part only with one run)."""
     counts = micro_batch_counts(costs.batch_size)
     plans = [candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in [1, *counts[-1:]]]
     bare, probed = (_one_process(costs, rest_seconds=0.0, process_layer_s=x) for x in (0.0, PROBE_UNIT_S))

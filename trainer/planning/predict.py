@@ -122,13 +122,13 @@ def stage_costs(
     def sums(name: str) -> list[float]:
         return [float(sum(figures[name][a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    own = _part_layers(bounds)
+    layers = _part_layers(bounds)
     forward, backward, b_in = sums("forward"), sums("backward"), sums("backward_input")
     weight = [max(b - i, 0.0) for b, i in zip(backward, b_in)]
     again = unit_s if recompute_s is None else recompute_s
 
     def units(seconds: list[float], extra: float) -> list[float]:  # a negative layer_s: at least 0
-        return [max(s + extra + layer_s * n, 0.0) for s, n in zip(seconds, own)]
+        return [max(s + extra + layer_s * n, 0.0) for s, n in zip(seconds, layers)]
 
     return simulator.StageCosts.given(
         units(forward, unit_s),
@@ -172,7 +172,10 @@ def predict(
     dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # a crossing's executors
     pipelines = k * m > 1 or plan.remat != "never"  # else the plain step, which rest_seconds measured
     own = costs.process_layer_s if not remote and pipelines else 0.0  # holds a core
-    sc = stage_costs(costs, plan, b, transfer, dispatch, own, 0.0 if remote else None)
+    # the units that pay no dispatch: W hands nothing on; nor, in a stage process, a recompute
+    unpaid = {schedule.BACKWARD_WEIGHT, schedule.RECOMPUTE} if remote else {schedule.BACKWARD_WEIGHT}
+    again = 0.0 if schedule.RECOMPUTE in unpaid else None
+    sc = stage_costs(costs, plan, b, transfer, dispatch, own, again)
     sched = schedule.build(plan.schedule, k, m, plan.remat, v)
     sim = simulator.simulate(sched, m, plan.remat, sc, v)
     busy = sum(e.end - e.start for e in sim.events)  # every unit's work, all stages together
@@ -181,7 +184,6 @@ def predict(
         serial = costs.devices_serial if costs.devices_serial >= 0 else 1.0
         pipelined += serial * max(busy - pipelined, 0.0)
     if host_cores:  # every process's units' CPU time (R replicas: R times one's) on the host's cores
-        unpaid = (schedule.BACKWARD_WEIGHT, schedule.RECOMPUTE) if remote else (schedule.BACKWARD_WEIGHT,)
         waits = dispatch * sum(1 for e in sim.events if e.kind not in unpaid)
         layers = _part_layers(bounds)
         owns = own * sum(layers[e.stage] for e in sim.events)
