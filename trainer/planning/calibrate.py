@@ -9,11 +9,13 @@ falls on each alike, so a line through two of them does not carry it.
 One process (``measure_process``). The step outside the pipelined stack (the embedding, the loss,
 the optimizer's update): the experiment trained as one process, one micro-batch, its step less its
 layers' timings: ``rest_seconds``, in the process every plan's trainer runs.
-A layer of a unit inside one process's traced step costs other than the layer timed alone (more:
-its ops' dispatch in the step's executor, the micro-batch's slicing and joins; less: the timing's
-own call): the experiment trained as one process at the largest M up to 8 (one stage, fill-drain,
-remat never), its step less its prediction over the layers of the units on its critical path:
-``process_layer_s``, negative where the layer costs less inside the step.
+A layer of a unit inside one process's traced step costs more than the layer timed alone (its ops'
+dispatch in the step's executor, the micro-batch's slicing and joins): the experiment trained as one
+process at the largest M up to 8 (one stage, fill-drain, remat never), its step less its prediction
+over the layers of the units on its critical path: ``process_layer_s``, at least 0. (A step can run
+below its layers' timings, whose own calls cost something; a negative term fitted there on one
+trial carried to other placements as steps predicted up to 29% short, the layers timed in another
+session than the trial.)
 The two runs' peaks above their predictions give one process's own memory term,
 ``process_memory``: measured peak = predicted + ``fixed_bytes`` + nodes x ``node_bytes`` (nodes:
 the traced step's op count, which M multiplies; either part may be negative where the fixed items
@@ -243,10 +245,9 @@ def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, di
     ``rest_seconds``: the plain step (one micro-batch, remat never) less its layers' timings;
     ``process_layer_s``: the step at the largest M up to 8 (one stage, fill-drain, remat never) less
     its prediction with that rest, over the layers of the units on its critical path (0 where the
-    batch allows one micro-batch only; at least minus half the shortest layer's forward timing: a
-    layer inside the step may cost less than timed alone, which pays its own call); the rest at
-    least 0; the two trained in turns. The memory line runs through the two runs' points
-    (``_memory_point``; a fixed part only with one run)."""
+    batch allows one micro-batch only; at least 0, as the rest); the two trained in turns. The
+    memory line runs through the two runs' points (``_memory_point``; a fixed part only with one
+    run)."""
     counts = micro_batch_counts(costs.batch_size)
     plans = [candidates.Plan("one_process", 1, m, "fill_drain", "never", ()) for m in [1, *counts[-1:]]]
     bare, probed = (_one_process(costs, rest_seconds=0.0, process_layer_s=x) for x in (0.0, PROBE_UNIT_S))
@@ -255,8 +256,7 @@ def measure_process(target: Target, costs: ModelCosts) -> tuple[float, float, di
     layer = 0.0
     if len(points) > 1:
         layers, residual = points[1][0], points[1][1] - rest  # the rest enters a step whole
-        shortest = min(min(figures["forward"]) for figures in costs.per_size.values())
-        layer = max(residual / layers, -0.5 * shortest) if layers > 0 else 0.0
+        layer = max(residual / layers, 0.0) if layers > 0 else 0.0
     memory_points = [_memory_point(run, pred) for _, _, run, pred in points]
     fixed, per = _solve([memory_points[0], memory_points[-1]], floor=None)
     return rest, layer, {"fixed_bytes": fixed, "node_bytes": per}

@@ -134,8 +134,8 @@ class ModelCosts:
     # how far one process's logical devices take turns (calibrate.measure_devices): 0, they overlap as
     # cores of their own would; 1, none runs beside another; < 0: unmeasured (taken as 1)
     devices_serial: float = -1.0
-    # a layer's own cost in a unit inside one process's traced step beyond its timing (negative:
-    # below it), measured with process_memory (calibrate.measure_process)
+    # a layer's own cost in a unit inside one process's traced step beyond its timing (at least 0),
+    # measured with process_memory (calibrate.measure_process)
     process_layer_s: float = 0.0
     # one process's peak beyond memory's items, fixed_bytes + node_bytes x graph nodes
     # (calibrate.measure_process); empty: unmeasured

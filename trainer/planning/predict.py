@@ -9,8 +9,8 @@ full batch, divided among replicas); plus, for stage processes, the trainer's ha
 stage and back; plus, for replicas, a ring all-reduce of the gradients (2 (R - 1) / R of their bytes
 over the link). Each layer of a unit inside one process's traced step, W included, costs a
 calibrated ``process_layer_s`` beyond its isolated timing (its ops' dispatch in the step's executor,
-the micro-batch's slicing and joins; negative where the timing's own call cost more): a cost per
-layer, not per unit, so an interleaved schedule's units of fewer layers each pay less.
+the micro-batch's slicing and joins; at least 0): a cost per layer, not per unit, so an interleaved
+schedule's units of fewer layers each pay less.
 Logical devices of one process overlap only partly (their ops' dispatch is the process's): an
 in-process pipeline's step lies between the schedule's timeline and the sum of all its units,
 ``devices_serial`` of the way (calibrated; 1 until measured). Processes computing at once beyond
@@ -127,8 +127,8 @@ def stage_costs(
     weight = [max(b - i, 0.0) for b, i in zip(backward, b_in)]
     again = unit_s if recompute_s is None else recompute_s
 
-    def units(seconds: list[float], extra: float) -> list[float]:  # a negative layer_s: at least 0
-        return [max(s + extra + layer_s * n, 0.0) for s, n in zip(seconds, layers)]
+    def units(seconds: list[float], extra: float) -> list[float]:
+        return [s + extra + layer_s * n for s, n in zip(seconds, layers)]
 
     return simulator.StageCosts.given(
         units(forward, unit_s),
@@ -171,7 +171,7 @@ def predict(
     meshed = costs.mesh.get(mesh_key(plan), {}) if plan.placement == "pipeline_mesh" else {}
     dispatch = costs.stage_unit_s if remote else meshed.get("unit_s", 0.0)  # a crossing's executors
     pipelines = k * m > 1 or plan.remat != "never"  # else the plain step, which rest_seconds measured
-    own = costs.process_layer_s if not remote and pipelines else 0.0  # holds a core
+    own = max(costs.process_layer_s, 0.0) if not remote and pipelines else 0.0  # holds a core
     # the units that pay no dispatch: W hands nothing on; nor, in a stage process, a recompute
     unpaid = {schedule.BACKWARD_WEIGHT, schedule.RECOMPUTE} if remote else {schedule.BACKWARD_WEIGHT}
     again = 0.0 if schedule.RECOMPUTE in unpaid else None
