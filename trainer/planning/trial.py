@@ -96,7 +96,8 @@ def measure_plan(
 ) -> dict:
     """Trains experiment ``model`` (with gin ``bindings``) under the params of ``plan_text`` with
     ``stages`` stage processes (0: in one process): {"ok", "step_s" (the median of the last
-    ``timed_steps``), "peaks_mib" (trainer first)}, or {"ok": False, "why"}."""
+    ``timed_steps``), "step_times_s" (every step, the first tracing), "peaks_mib" (trainer first)},
+    or {"ok": False, "why"}."""
     spec = {
         "model": model,
         "bindings": bindings,
@@ -148,6 +149,7 @@ def measure_plan(
     return {
         "ok": True,
         "step_s": statistics.median(times[-timed_steps:]),
+        "step_times_s": [round(t, 6) for t in times],
         "peaks_mib": [round(result["peak_rss_mib"], 1)] + [round(p, 1) for p in stage_peaks],
     }
 
