@@ -20,7 +20,7 @@ How a document's blocks are run (docs/development.md says the same):
   than the test can afford.
 - Short settings: a command that trains (``-m trainer`` other than ``--mode=inspect_*``, or
   ``tools/dev.py train``) gets ``--params_file_override=SHORT`` appended, where SHORT sets
-  ``task.train.max_steps`` to 6 (one save, at 6; warm-up 1 step) and evaluates and decodes 32
+  ``task.train.max_steps`` to 6 (one save, at 6; warm-up 1 step) and evaluates and decodes 16
   examples per checkpoint: every experiment's task has those settings. A training command may not set
   ``--params_file_override`` itself (use ``--params_override``).
 
@@ -52,8 +52,8 @@ task.train.save_interval_steps : 6
 task.train.warmup_steps : 1
 task.train.log_interval_steps : 3
 task.train.summary_interval_steps : 3
-task.eval.samples_per_summary : 32
-task.decode.samples_per_summary : 32
+task.eval.samples_per_summary : 16
+task.decode.samples_per_summary : 16
 """
 TIMEOUT = 900
 LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -353,10 +353,11 @@ def test_the_stage_processes_fixed_cost_grows_with_each_task_beyond_two(monkeypa
 def test_one_process_terms_come_from_a_plain_step_and_one_at_eight_micro_batches(
     monkeypatch, per_layer, want
 ):
-    """``rest_seconds`` is one process's plain step (one micro-batch) less its layers; the run at M = 8 gives
-    a layer's own cost (at least 0: a step below its layers' timings gives none); the two runs' peaks above
-    their predictions (without the term, nor the update's temporaries) give the memory line through them,
-    which any later plan in one process pays in place of ``update``, a mesh plan and stage processes not."""
+    """``rest_seconds`` is one process's plain step (one micro-batch) less its layers; the run at
+    M = 8 gives a layer's own cost (at least 0: a step below its layers' timings gives none); the two
+    runs' peaks above their predictions (without the term, nor the update's temporaries) give the
+    memory line through them, which any later plan in one process pays in place of ``update``, a
+    mesh plan and stage processes not."""
     trained = []
     over = {1: 30e6, 8: 2e6}  # bytes above the prediction: a fixed part that over-counts per node
 
