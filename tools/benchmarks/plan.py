@@ -14,11 +14,11 @@ pipeline 2 x mesh 2, M = K to 4K, three schedules, remat never and always) and t
 devices, planned for one process (its placements; stage processes are checked on the family
 itself). Each is trained ``--train_steps`` steps (8) in worker processes placed as the plan says
 (``trainer.planning.trial``: stage processes and their trainer as ``tools.local_cluster --stages=K``
-would start them), its step the median of all but the first two (``timed_steps``: the first traces
-the step, the second still warms it; one step of a set of processes on this 2-core machine varied by
-up to 44% from another of the same set, so a median of 6 steps, as the calibration takes, lands
-nearer the steps a long run takes than one of 3), every process's peak its VmHWM. Replicas are left
-out of the enumeration here (measuring them needs the sync cluster ``tools.local_cluster
+would start them), its step the median of all but the first two (``trial.timed_steps``: the first
+traces the step, the second still warms it; one step of a set of processes on this 2-core machine
+varied by up to 44% from another of the same set, so a median of 6 steps, as the calibration takes,
+lands nearer the steps a long run takes than one of 3), every process's peak its VmHWM. Replicas are
+left out of the enumeration here (measuring them needs the sync cluster ``tools.local_cluster
 --workers=R`` starts, which these workers do not). Before predicting, the planner's calibrations
 (``trainer.planning.calibrate``: one process at one micro-batch, two K = 2 stage-process plans and
 one K = 4, one process at M = 8, one K = 2 plan on logical devices, per mesh size two one-stage
@@ -245,12 +245,7 @@ def train_plan(  # noqa: ANN001
 
     text = plan_file.text(pred.plan, prefix, costs.batch_size, costs.intra_op_threads)
     stages = pred.plan.num_stages if pred.plan.placement == "stage_processes" else 0
-    return trial.measure_plan(model, gin, text, stages, steps, timeout_s, timed_steps(steps))
-
-
-def timed_steps(steps: int) -> int:
-    """How many of a plan's ``steps`` its step is the median of: all but the first two (at least one)."""
-    return max(steps - 2, 1)
+    return trial.measure_plan(model, gin, text, stages, steps, timeout_s, trial.timed_steps(steps))
 
 
 def choice_steps(choice, ok_fitting: list, train, trials: int) -> dict[int, float]:  # noqa: ANN001

@@ -77,11 +77,11 @@ from trainer.planning import candidates, plan_file, predict, trial
 from trainer.planning.costs import ModelCosts, Progress, save
 from trainer.planning.memory import GRAPH_NODE_BYTES, MIB
 
-TRAIN_STEPS = 8  # a calibration trial's steps, the median of the last TIMED_STEPS its step: the
-TIMED_STEPS = 6  # terms it gives every prediction, so they are measured over more steps than a plan is
+TRAIN_STEPS = 8  # a calibration trial's steps, the median of the last TIMED_STEPS its step
+TIMED_STEPS = trial.timed_steps(TRAIN_STEPS)
 # Each calibration trial is trained that many times (fresh processes each), its step the median
-# (on this 2-core machine one plan's step varies 10 to 15% from one set of processes to the next
-# while its steps within one vary 2%) and every process's peak the highest.
+# (on this 2-core machine one plan's step varied by 20 to 45% from one set of processes to the next)
+# and every process's peak the highest.
 TRIALS = 3
 TIMEOUT_S = 300.0
 PROBE_UNIT_S = 1e-3  # a unit cost that finds how many units lie on a plan's critical path

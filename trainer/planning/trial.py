@@ -85,6 +85,13 @@ def run_worker(spec: dict) -> int:
 
 
 # ------------------------------------------------------------------------------------------ driver
+def timed_steps(steps: int) -> int:
+    """How many of ``steps`` a measured step is the median of where the step must stand for a long
+    run's (the calibration's trials, the plan benchmark's plans): all but the first two (the first
+    traces the step, the second still warms it), at least one."""
+    return max(steps - 2, 1)
+
+
 def measure_plan(
     model: str,
     bindings: list[str],
